@@ -1,0 +1,137 @@
+"""The kernel config: one frozen dataclass, one validity check, one variant name.
+
+It lives in ``runtime/`` (not ``kernels/``) because three parties need it: the
+plan loader and the build (which also import cutlass) and the runtime, which
+must check a manifest's configs without importing cutlass or ``kernels/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+# bf16 elements per 16-byte vector load: the widest global load a thread issues.
+MAX_VEC = 8
+# fp32 accumulators plus in-flight load registers a thread may hold. Above
+# this ptxas spills on sm_90a (255 registers, a third kept for addressing).
+REGISTER_BUDGET = 168
+# Fully unrolling K beyond this many loop trips makes compile time and code
+# size explode (DESIGN.md: 2.3-2.7 s per variant at K=16384) for no gain.
+MAX_STATIC_TRIPS = 64
+MAX_M = 8
+
+
+class ConfigError(ValueError):
+    """A kernel config that breaks one of the validity rules; the message names the rule."""
+
+
+@dataclass(frozen=True, order=True)
+class KernelConfig:
+    """One skinny GEMM kernel variant: C[m, n] = A[m, k] @ W[n, k]^T (+ residual).
+
+    The CTA has ``threads`` threads split into ``threads // k_threads`` groups;
+    each group owns ``cols`` output columns and its ``k_threads`` threads split
+    K between them, ``vec`` elements per load, ``unroll`` loads per column in
+    flight. ``static_k`` 0 means K is a runtime value; otherwise the K loop is
+    fully unrolled for exactly that K. ``pdl`` launches with programmatic
+    dependent launch: the weight is prefetched to L2 before waiting on the
+    previous kernel.
+    """
+
+    m: int
+    threads: int = 256
+    k_threads: int = 256
+    cols: int = 2
+    vec: int = 8
+    unroll: int = 2
+    static_k: int = 0
+    pdl: bool = True
+
+    @property
+    def groups(self) -> int:
+        """Column groups per CTA."""
+        return self.threads // self.k_threads
+
+    @property
+    def cols_per_cta(self) -> int:
+        """Output columns one CTA computes: the grid is n // cols_per_cta."""
+        return self.groups * self.cols
+
+    @property
+    def k_step(self) -> int:
+        """K elements consumed by one trip of the (unrolled) K loop."""
+        return self.k_threads * self.vec * self.unroll
+
+    @property
+    def name(self) -> str:
+        """The variant name: every field changes it; also the kernel symbol's stem."""
+        k = f"k{self.static_k}" if self.static_k else "kdyn"
+        return (
+            f"m{self.m}_t{self.threads}_kt{self.k_threads}_c{self.cols}_v{self.vec}"
+            f"_u{self.unroll}_{k}_{'pdl' if self.pdl else 'nopdl'}"
+        )
+
+    @property
+    def symbol(self) -> str:
+        """The kernel's symbol in the cubin (the DSL appends ``_0``)."""
+        return f"skinny_{self.name}_0"
+
+    def to_json(self) -> dict:
+        """Plain dict for plan tables and manifests (sorted by the JSON writer)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "KernelConfig":
+        """Inverse of to_json; unknown or missing fields raise ConfigError."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - fields
+        if unknown:
+            raise ConfigError(f"unknown config fields: {sorted(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def check(self, n: int | None = None, k: int | None = None) -> None:
+        """The single validity check; raises ConfigError naming the broken rule.
+
+        With ``n``/``k`` it also checks that this config can run that shape.
+        """
+        for field in ("m", "threads", "k_threads", "cols", "vec", "unroll"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"rule 'positive': {field}={value!r} must be a positive int")
+        if not isinstance(self.pdl, bool):
+            raise ConfigError(f"rule 'pdl bool': pdl={self.pdl!r} must be true or false")
+        if self.m > MAX_M:
+            raise ConfigError(f"rule 'm range': m={self.m} exceeds {MAX_M}")
+        if self.threads % 32 or self.threads > 1024:
+            raise ConfigError(f"rule 'whole warps': threads={self.threads} must be a multiple of 32, at most 1024")
+        if self.k_threads & (self.k_threads - 1) or self.threads % self.k_threads:
+            raise ConfigError(
+                f"rule 'k_threads split': k_threads={self.k_threads} must be a power of two dividing threads={self.threads}"
+            )
+        if self.vec not in (2, 4, 8):
+            raise ConfigError(f"rule 'vector width': vec={self.vec} must be 2, 4 or 8 bf16 (4, 8 or 16 bytes)")
+        regs = self.m * self.cols + self.unroll * (self.cols + self.m) * self.vec // 2
+        if regs > REGISTER_BUDGET:
+            raise ConfigError(
+                f"rule 'register budget': m*cols + unroll*(cols+m)*vec/2 = {regs} exceeds {REGISTER_BUDGET}"
+            )
+        if self.static_k:
+            if self.static_k < 0 or self.static_k % self.k_step:
+                raise ConfigError(
+                    f"rule 'static k': static_k={self.static_k} must be a positive multiple of "
+                    f"k_threads*vec*unroll={self.k_step}"
+                )
+            if self.static_k // self.k_step > MAX_STATIC_TRIPS:
+                raise ConfigError(
+                    f"rule 'static k': {self.static_k // self.k_step} unrolled trips exceed {MAX_STATIC_TRIPS}"
+                )
+        if k is not None:
+            if k % self.k_step:
+                raise ConfigError(f"rule 'k divisible': K={k} is not a multiple of k_threads*vec*unroll={self.k_step}")
+            if self.static_k and k != self.static_k:
+                raise ConfigError(f"rule 'static k': K={k} differs from the baked-in static_k={self.static_k}")
+        if n is not None and n % self.cols_per_cta:
+            raise ConfigError(f"rule 'n divisible': N={n} is not a multiple of columns per CTA={self.cols_per_cta}")
