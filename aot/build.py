@@ -1,0 +1,219 @@
+"""The AOT build: plan table -> distinct kernel variants -> cubins (cached, parallel) -> manifest, written last."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ..runtime.config import KernelConfig
+from ..runtime.manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME, PARAMS, SCHEMA, dumps, write_atomic
+from ..runtime.version import __version__
+from . import cubin as cubin_mod
+from . import plans
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+# Files whose content decides what a cubin holds; their digest keys the cache
+# and is recorded in the manifest so verify can spot a stale artifact.
+SOURCE_FILES = ("kernels/skinny_gemm.py", "runtime/config.py")
+CUTLASS_DIST = "nvidia-cutlass-dsl"
+
+
+class BuildError(RuntimeError):
+    """The build could not produce a correct artifact set."""
+
+
+@dataclass
+class BuildResult:
+    """What a build did, for the CLI summary and the tests."""
+
+    arch: str
+    out_dir: Path
+    entries: int
+    variants: int
+    compiled: int
+    cached: int
+    seconds: float
+
+
+def source_digest(root: Path = PACKAGE_ROOT) -> str:
+    """sha256 over the kernel sources (path and bytes, in a fixed order)."""
+    h = hashlib.sha256()
+    for rel in SOURCE_FILES:
+        h.update(rel.encode() + b"\0" + (root / rel).read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def cutlass_version() -> str:
+    """The installed nvidia-cutlass-dsl version, or raise a BuildError saying how to get it."""
+    try:
+        return metadata.version(CUTLASS_DIST)
+    except metadata.PackageNotFoundError:
+        raise BuildError(
+            f"building needs {CUTLASS_DIST} (pip install 'skinny-gemm[build]' or see pyproject.toml); "
+            "the runtime and verify do not"
+        ) from None
+
+
+def default_cache_dir() -> Path:
+    """$SKINNY_GEMM_CACHE, else ~/.cache/skinny-gemm: shared by every build on this machine."""
+    env = os.environ.get("SKINNY_GEMM_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "skinny-gemm"
+
+
+def _compile_worker(cfg_json: dict, arch: str) -> bytes:
+    """Run in a worker process: compile one variant (imports cutlass there, not in the parent)."""
+    from ..kernels.skinny_gemm import compile_variant
+
+    with tempfile.TemporaryDirectory(prefix="skinny-dump-") as dump:
+        return compile_variant(KernelConfig.from_json(cfg_json), arch, dump)
+
+
+def _variant_record(cfg: KernelConfig, blob: bytes, arch: str) -> dict:
+    """The manifest row of one variant, after checking the cubin says what we asked for."""
+    info = cubin_mod.inspect(blob)
+    if info.arch != arch:
+        raise BuildError(f"{cfg.name}: compiler produced {info.arch} code, asked for {arch}")
+    kernel = info.kernels.get(cfg.symbol)
+    if kernel is None:
+        raise BuildError(f"{cfg.name}: symbol {cfg.symbol} missing from its cubin ({sorted(info.kernels)})")
+    expected = [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
+    if kernel.params != expected:
+        raise BuildError(f"{cfg.name}: parameter layout {kernel.params} is not the runtime ABI {expected}")
+    if kernel.reqntid is not None and tuple(kernel.reqntid) != (cfg.threads, 1, 1):
+        raise BuildError(f"{cfg.name}: REQNTID {kernel.reqntid} differs from {cfg.threads} threads")
+    return {
+        "id": cfg.name,
+        "config": cfg.to_json(),
+        "symbol": cfg.symbol,
+        "file": f"{cfg.name}.cubin",
+        "sha256": hashlib.sha256(blob).hexdigest(),
+        "size": len(blob),
+        "block": [cfg.threads, 1, 1],
+        "grid": {"cols_per_cta": cfg.cols_per_cta, "rule": "grid = (n / cols_per_cta, 1, 1)"},
+        "dynamic_smem": 0,
+        "pdl": cfg.pdl,
+        "registers": kernel.registers,
+        "params": [list(p) for p in PARAMS],
+    }, info.toolkit
+
+
+def build(
+    arch: str,
+    out_root: Path,
+    plan_file: Path | None = None,
+    cache_dir: Path | None = None,
+    jobs: int | None = None,
+    progress: bool = True,
+) -> BuildResult:
+    """Build ``out_root/<arch>/``: every variant's cubin, then manifest.json last, atomically."""
+    from ..kernels.skinny_gemm import compile_options
+
+    if arch not in CAPABILITY_FOR_ARCH:
+        raise BuildError(f"unknown arch {arch!r}; choose from {sorted(CAPABILITY_FOR_ARCH)}")
+    start = time.monotonic()
+    plan_file = Path(plan_file).resolve() if plan_file else plans.plan_path(arch)
+    header, entries = plans.load(plan_file)
+    if header["arch"] != arch:
+        raise BuildError(f"{plan_file} is the plan table for {header['arch']}, not {arch}")
+    configs = sorted({e.config for e in entries}, key=lambda c: c.name)
+    version = cutlass_version()
+    sources = source_digest()
+    options = compile_options(arch, "<tmp>")
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def cache_key(cfg: KernelConfig) -> Path:
+        key = hashlib.sha256(f"{sources}|{cfg.name}|{arch}|{version}|{options}".encode()).hexdigest()
+        return cache / f"{key[:32]}.cubin"
+
+    blobs: dict[str, bytes] = {}
+    todo = []
+    for cfg in configs:
+        hit = cache_key(cfg)
+        if hit.exists():
+            blobs[cfg.name] = hit.read_bytes()
+        else:
+            todo.append(cfg)
+    bar = tqdm(total=len(configs), initial=len(blobs), desc=f"compile {arch}", unit="variant", disable=not progress)
+    if todo:
+        workers = max(1, min(jobs or os.cpu_count() or 1, len(todo)))
+        # fork: workers inherit the registered skinny_gemm package; cutlass is imported only in them.
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            futures = {pool.submit(_compile_worker, cfg.to_json(), arch): cfg for cfg in todo}
+            for fut in as_completed(futures):
+                cfg = futures[fut]
+                blob = fut.result()
+                tmp = cache_key(cfg).with_suffix(f".tmp{os.getpid()}")
+                tmp.write_bytes(blob)
+                os.replace(tmp, cache_key(cfg))
+                blobs[cfg.name] = blob
+                bar.update(1)
+    bar.close()
+
+    records, toolkits = [], set()
+    for cfg in configs:
+        record, toolkit = _variant_record(cfg, blobs[cfg.name], arch)
+        records.append(record)
+        toolkits.add(toolkit)
+
+    out_dir = Path(out_root) / arch
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # The manifest is the commit marker: drop it first, so an interrupted build
+    # leaves a directory that verify and the runtime both refuse.
+    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    for stale in out_dir.iterdir():
+        if stale.is_file():
+            stale.unlink()
+        else:
+            shutil.rmtree(stale)
+    for cfg in configs:
+        (out_dir / f"{cfg.name}.cubin").write_bytes(blobs[cfg.name])
+    manifest = {
+        "schema": SCHEMA,
+        "package_version": __version__,
+        "arch": arch,
+        "capability": list(CAPABILITY_FOR_ARCH[arch]),
+        "dtype": "bfloat16",
+        "toolchain": {
+            "cutlass_dsl": version,
+            "ptxas": sorted(toolkits),
+            "compile_options": compile_options(arch, "<tmp>"),
+        },
+        "plan_file": plan_file.relative_to(PACKAGE_ROOT).as_posix()
+        if plan_file.is_relative_to(PACKAGE_ROOT)
+        else plan_file.name,
+        "plan_sha256": hashlib.sha256(plan_file.read_bytes()).hexdigest(),
+        "source_sha256": sources,
+        "abi": {"params": [list(p) for p in PARAMS], "bytes": sum(p[2] for p in PARAMS)},
+        "variants": records,
+        "plans": [{"n": e.n, "k": e.k, "m": e.m, "variant": e.config.name} for e in entries],
+    }
+    write_atomic(out_dir / MANIFEST_NAME, dumps(manifest))
+    return BuildResult(
+        arch=arch,
+        out_dir=out_dir,
+        entries=len(entries),
+        variants=len(configs),
+        compiled=len(todo),
+        cached=len(configs) - len(todo),
+        seconds=time.monotonic() - start,
+    )
+
+
+def main_summary(result: BuildResult) -> str:
+    """One line saying what a build did."""
+    return (
+        f"{result.arch}: {result.entries} plan entries -> {result.variants} variants "
+        f"({result.compiled} compiled, {result.cached} cached) in {result.seconds:.1f} s -> {result.out_dir}"
+    )
