@@ -16,8 +16,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def register(root: Path = ROOT):
-    """Make ``import skinny_gemm`` load the tree at ``root``; return the package module."""
+def register(root: Path = ROOT, run_init: bool = True):
+    """Make ``import skinny_gemm`` load the tree at ``root``; return the package module.
+
+    ``run_init=False`` skips the package's ``__init__`` (the public API, which
+    imports torch): the build step runs in an environment without torch.
+    """
     if "skinny_gemm" in sys.modules:
         return sys.modules["skinny_gemm"]
     spec = importlib.util.spec_from_file_location(
@@ -25,12 +29,13 @@ def register(root: Path = ROOT):
     )
     module = importlib.util.module_from_spec(spec)
     sys.modules["skinny_gemm"] = module
-    spec.loader.exec_module(module)
+    if run_init:
+        spec.loader.exec_module(module)
     return module
 
 
 if __name__ == "__main__":
-    register()
+    register(run_init=False)
     from skinny_gemm.aot.cli import main
 
     raise SystemExit(main())

@@ -1,0 +1,11 @@
+"""bench (work in progress in this session)."""
+
+
+def add_arguments(p):
+    """Register the verb's options."""
+    p.set_defaults(func=main)
+
+
+def main(args):
+    """Entry point."""
+    raise SystemExit("bench: not available yet")

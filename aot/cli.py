@@ -1,0 +1,159 @@
+"""``skinny-gemm`` / ``python -m skinny_gemm``: build, verify, list, env, plan, bench, tune."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+skinny-gemm: AOT-compiled skinny BF16 GEMMs (1-8 tokens x large weights) for LLM decode.
+
+Typical flow: `build` compiles every plan-table entry into cubins plus a manifest
+(CPU only, needs nvidia-cutlass-dsl); `verify` proves a build dir or a wheel is
+whole (no compiler needed); `env` shows what the runtime loaded on this machine.
+"""
+
+
+def _archs(value: str) -> list[str]:
+    from ..runtime.manifest import CAPABILITY_FOR_ARCH
+
+    archs = [a.strip() for a in value.split(",") if a.strip()]
+    bad = [a for a in archs if a not in CAPABILITY_FOR_ARCH]
+    if bad or not archs:
+        raise argparse.ArgumentTypeError(f"unknown arch {bad or value!r}; choose from {sorted(CAPABILITY_FOR_ARCH)}")
+    return archs
+
+
+def cmd_build(args) -> int:
+    """Compile the plan tables into <out>/<arch>/."""
+    from .build import BuildError, PACKAGE_ROOT, build, main_summary
+    from .plans import PlanError
+
+    out = Path(args.out) if args.out else PACKAGE_ROOT / "artifacts"
+    for arch in args.arch:
+        try:
+            result = build(arch, out, plan_file=args.plan, cache_dir=args.cache_dir, jobs=args.jobs, progress=not args.quiet)
+        except (BuildError, PlanError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(main_summary(result))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    """Check a build dir or wheel; one line per problem, non-zero exit if any."""
+    from .build import PACKAGE_ROOT
+    from .verify import verify
+
+    status = 0
+    for path in args.paths or [PACKAGE_ROOT / "artifacts"]:
+        archs, problems = verify(Path(path), tree=args.tree)
+        for line in problems:
+            print(f"FAIL {line}")
+        if problems:
+            status = 1
+        else:
+            print(f"OK {path}: {', '.join(archs)} verified")
+    return status
+
+
+def cmd_list(args) -> int:
+    """Print the plan entries of a manifest (or plan table) as a table."""
+    from .build import PACKAGE_ROOT
+    from .plans import load, plan_path
+
+    for arch in args.arch:
+        path = Path(args.plan) if args.plan else plan_path(arch)
+        _, entries = load(path)
+        print(f"# {arch}: {len(entries)} entries, {len({e.config for e in entries})} variants ({path.relative_to(PACKAGE_ROOT) if path.is_relative_to(PACKAGE_ROOT) else path})")
+        print(f"{'n':>6} {'k':>6} {'m':>2}  {'variant':<42} provenance")
+        for e in entries:
+            prov = e.provenance
+            note = prov["kind"] if prov["kind"] == "heuristic" else f"measured {prov.get('speedup', '?')}x {prov.get('gpu', '')} {prov.get('date', '')}"
+            print(f"{e.n:>6} {e.k:>6} {e.m:>2}  {e.config.name:<42} {note}")
+    return 0
+
+
+def cmd_env(args) -> int:
+    """Print GPU, driver, manifest in use and what the runtime loaded or refused."""
+    from ..runtime.diagnostics import env_report
+
+    print(env_report())
+    return 0
+
+
+def cmd_plan(args) -> int:
+    """Write heuristic plan tables for an arch's seed set (overwrites measured ones: use with care)."""
+    from .plans import heuristic_table, plan_path
+
+    for arch in args.arch:
+        path = plan_path(arch)
+        if path.exists() and not args.force:
+            print(f"error: {path} exists; pass --force to replace it with heuristic entries", file=sys.stderr)
+            return 2
+        path.write_text(heuristic_table(arch, Path(args.shapes)))
+        print(f"wrote {path}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """Benchmark plans against cuBLAS on this GPU (see aot/bench.py)."""
+    from .bench import main as bench_main
+
+    return bench_main(args)
+
+
+def cmd_tune(args) -> int:
+    """Tune plans: prepare candidates (CPU), measure them (GPU), write the plan table (CPU)."""
+    from .tune import main as tune_main
+
+    return tune_main(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser, with a help text per verb."""
+    p = argparse.ArgumentParser(prog="skinny-gemm", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="verb", metavar="VERB")
+    sub.required = True
+    all_archs = "sm_90a,sm_121"
+
+    b = sub.add_parser("build", help="compile plan tables into cubins + manifest (CPU, needs nvidia-cutlass-dsl)")
+    b.add_argument("--arch", type=_archs, default=_archs(all_archs), help=f"comma-separated targets (default {all_archs})")
+    b.add_argument("--out", help="output root; writes <out>/<arch>/ (default: the package's artifacts/)")
+    b.add_argument("--plan", help="plan table to build instead of kernels/plans/<arch>.json (one arch only)")
+    b.add_argument("--cache-dir", help="compiled-cubin cache (default $SKINNY_GEMM_CACHE or ~/.cache/skinny-gemm)")
+    b.add_argument("--jobs", type=int, help="parallel compile processes (default: CPU count)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=cmd_build)
+
+    v = sub.add_parser("verify", help="check a build dir or wheel: hashes, ELF arch, symbols, param ABI, staleness, orphans")
+    v.add_argument("paths", nargs="*", help="build dirs (holding <arch>/ or one <arch>/) or .whl files (default: installed artifacts)")
+    v.add_argument("--tree", type=Path, help="source tree the build must match (default: the package running verify; a wheel is checked against itself)")
+    v.set_defaults(func=cmd_verify)
+
+    ls = sub.add_parser("list", help="print plan entries and their variants")
+    ls.add_argument("--arch", type=_archs, default=_archs(all_archs))
+    ls.add_argument("--plan", help="a plan table file instead of kernels/plans/<arch>.json")
+    ls.set_defaults(func=cmd_list)
+
+    e = sub.add_parser("env", help="GPU, driver, manifest in use, variants loaded and refused")
+    e.set_defaults(func=cmd_env)
+
+    pl = sub.add_parser("plan", help="write heuristic (unmeasured) plan tables for the model's seed set")
+    pl.add_argument("--arch", type=_archs, default=_archs(all_archs))
+    pl.add_argument("--shapes", required=True, help="the model's shapes file (glm53-flash-shapes.json)")
+    pl.add_argument("--force", action="store_true", help="replace an existing plan table")
+    pl.set_defaults(func=cmd_plan)
+
+    from . import bench, tune
+
+    bench.add_arguments(sub.add_parser("bench", help="plans vs cuBLAS on this GPU: per entry, decode step, startup", description=bench.__doc__))
+    tune.add_arguments(sub.add_parser("tune", help="generate, build, measure candidate configs; write the plan table", description=tune.__doc__))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = parser().parse_args(argv)
+    return args.func(args)
