@@ -24,7 +24,7 @@ from . import plans
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 # Files whose content decides what a cubin holds; their digest keys the cache
 # and is recorded in the manifest so verify can spot a stale artifact.
-SOURCE_FILES = ("kernels/skinny_gemm.py", "runtime/config.py")
+SOURCE_FILES = ("kernels/common.py", "kernels/skinny_gemm.py", "kernels/skinny_mma.py", "runtime/config.py")
 CUTLASS_DIST = "nvidia-cutlass-dsl"
 
 
@@ -72,10 +72,12 @@ def default_cache_dir() -> Path:
 
 def _compile_worker(cfg_json: dict, arch: str) -> bytes:
     """Run in a worker process: compile one variant (imports cutlass there, not in the parent)."""
-    from ..kernels.skinny_gemm import compile_variant
+    from ..kernels import skinny_gemm, skinny_mma
 
+    cfg = KernelConfig.from_json(cfg_json)
+    kernel = {"simt": skinny_gemm, "mma": skinny_mma}[cfg.kind]
     with tempfile.TemporaryDirectory(prefix="skinny-dump-") as dump:
-        return compile_variant(KernelConfig.from_json(cfg_json), arch, dump)
+        return kernel.compile_variant(cfg, arch, dump)
 
 
 def _variant_record(cfg: KernelConfig, blob: bytes, arch: str) -> dict:
@@ -116,7 +118,7 @@ def build(
     progress: bool = True,
 ) -> BuildResult:
     """Build ``out_root/<arch>/``: every variant's cubin, then manifest.json last, atomically."""
-    from ..kernels.skinny_gemm import compile_options
+    from ..kernels.common import compile_options
 
     if arch not in CAPABILITY_FOR_ARCH:
         raise BuildError(f"unknown arch {arch!r}; choose from {sorted(CAPABILITY_FOR_ARCH)}")

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.cute.runtime import make_ptr
-from cutlass.cute.typing import AddressSpace
 
 from ..runtime.config import KernelConfig
+from .common import bulk_prefetch_rows, compile_kernel, store_output
 
 WARP = 32
 
@@ -69,17 +68,7 @@ class SkinnyGemm:
             kk = cute.assume(k, divby=cfg.k_step)
 
         if cutlass.const_expr(cfg.pdl):
-            # The weight does not depend on the previous kernel: start pulling this
-            # CTA's rows (contiguous, cols_per_cta * K * 2 bytes) into L2 before
-            # waiting for the previous grid, so its tail overlaps our ramp.
-            if tidx == 0:
-                base = w + cute.assume(bidx * cfg.cols_per_cta * kk, divby=VEC)
-                cute.arch.inline_ptx(
-                    "cp.async.bulk.prefetch.L2.global [{$r0}], {$r1};",
-                    read_only_args=[base.toint(), cutlass.Int32(cfg.cols_per_cta * 2) * kk],
-                )
-            cute.arch.griddepcontrol_launch_dependents()
-            cute.arch.griddepcontrol_wait()
+            bulk_prefetch_rows(w, tidx, bidx * cfg.cols_per_cta, cfg.cols_per_cta, kk)
 
         acc = cute.make_rmem_tensor((M, COLS), cutlass.Float32)  # (M, COLS) fp32 partial sums
         acc.fill(0.0)
@@ -115,11 +104,11 @@ class SkinnyGemm:
                     total = cutlass.Float32(0.0)
                     for q in cutlass.range_constexpr(NWARP_K):
                         total = total + sRed[grp, q, i]
-                    self.store(out, residual, has_res, total, i // COLS, col0 + i % COLS, n)
+                    store_output(out, residual, has_res, total, i // COLS, col0 + i % COLS, n)
         else:
             for i in cutlass.range_constexpr(OUTS):
                 if kt == i % KT:
-                    self.store(out, residual, has_res, acc[i // COLS, i % COLS], i // COLS, col0 + i % COLS, n)
+                    store_output(out, residual, has_res, acc[i // COLS, i % COLS], i // COLS, col0 + i % COLS, n)
 
     @cute.jit
     def mac(self, a, w, acc, kk, col0, koff):
@@ -153,35 +142,7 @@ class SkinnyGemm:
                         s = s + wf[e] * af[m][e]
                     acc[m, j] = s
 
-    @cute.jit
-    def store(self, out, residual, has_res, value, m, col, n):
-        """Write one output element; the residual is added in fp32 before the single rounding."""
-        v = value
-        if has_res:
-            v = v + cute.make_tensor(residual + (m * n + col), cute.make_layout(1))[0].to(cutlass.Float32)
-        cute.make_tensor(out + (m * n + col), cute.make_layout(1))[0] = v.to(cutlass.BFloat16)
-
 
 def compile_variant(cfg: KernelConfig, arch: str, dump_dir: str) -> bytes:
-    """Compile entry: AOT-compile one variant for ``arch`` (e.g. sm_90a) and return the cubin bytes."""
-    ptr = lambda: make_ptr(cutlass.BFloat16, 0, AddressSpace.gmem, assumed_align=16)  # noqa: E731
-    compiled = cute.compile(
-        SkinnyGemm(cfg),
-        ptr(),
-        ptr(),
-        ptr(),
-        ptr(),
-        cutlass.Int32(0),
-        cutlass.Int32(0),
-        options=compile_options(arch, dump_dir),
-    )
-    cubin = compiled.artifacts.CUBIN
-    if not isinstance(cubin, (bytes, bytearray)):
-        # Trap (DESIGN.md): without --keep-cubin and an existing dump dir this is a path string.
-        raise RuntimeError(f"CuTe DSL returned no cubin bytes for {cfg.name} ({type(cubin).__name__})")
-    return bytes(cubin)
-
-
-def compile_options(arch: str, dump_dir: str) -> str:
-    """The exact compile options; recorded in the manifest."""
-    return f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}"
+    """Compile entry: AOT-compile one "simt" variant for ``arch`` and return the cubin bytes."""
+    return compile_kernel(SkinnyGemm(cfg), arch, dump_dir, cfg.name)

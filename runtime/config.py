@@ -19,6 +19,10 @@ REGISTER_BUDGET = 168
 # size explode (DESIGN.md: 2.3-2.7 s per variant at K=16384) for no gain.
 MAX_STATIC_TRIPS = 64
 MAX_M = 8
+KINDS = ("simt", "mma")
+# mma.sync.m16n8k16: a warp's tile is 16 weight rows x 8 tokens x 16 k; one
+# 16-byte load per lane feeds two MMAs, so a warp step covers 32 k.
+MMA_ROWS, MMA_K_STEP = 16, 32
 
 
 class ConfigError(ValueError):
@@ -29,16 +33,19 @@ class ConfigError(ValueError):
 class KernelConfig:
     """One skinny GEMM kernel variant: C[m, n] = A[m, k] @ W[n, k]^T (+ residual).
 
-    The CTA has ``threads`` threads split into ``threads // k_threads`` groups;
-    each group owns ``cols`` output columns and its ``k_threads`` threads split
-    K between them, ``vec`` elements per load, ``unroll`` loads per column in
-    flight. ``static_k`` 0 means K is a runtime value; otherwise the K loop is
+    ``kind`` picks the kernel: "simt" (kernels/skinny_gemm.py, scalar FMAs) or
+    "mma" (kernels/skinny_mma.py, tensor cores). The CTA has ``threads`` threads
+    split into ``threads // k_threads`` groups; each group owns ``cols`` output
+    columns and its ``k_threads`` threads split K between them, ``vec`` elements
+    per load, ``unroll`` loads per column in flight. For "mma", threads come in
+    whole warps along K, ``cols`` is a multiple of 16 and ``vec`` is 8. ``static_k`` 0 means K is a runtime value; otherwise the K loop is
     fully unrolled for exactly that K. ``pdl`` launches with programmatic
     dependent launch: the weight is prefetched to L2 before waiting on the
     previous kernel.
     """
 
     m: int
+    kind: str = "simt"
     threads: int = 256
     k_threads: int = 256
     cols: int = 2
@@ -60,6 +67,8 @@ class KernelConfig:
     @property
     def k_step(self) -> int:
         """K elements consumed by one trip of the (unrolled) K loop."""
+        if self.kind == "mma":
+            return self.k_threads // 32 * MMA_K_STEP * self.unroll
         return self.k_threads * self.vec * self.unroll
 
     @property
@@ -67,7 +76,7 @@ class KernelConfig:
         """The variant name: every field changes it; also the kernel symbol's stem."""
         k = f"k{self.static_k}" if self.static_k else "kdyn"
         return (
-            f"m{self.m}_t{self.threads}_kt{self.k_threads}_c{self.cols}_v{self.vec}"
+            f"{self.kind}_m{self.m}_t{self.threads}_kt{self.k_threads}_c{self.cols}_v{self.vec}"
             f"_u{self.unroll}_{k}_{'pdl' if self.pdl else 'nopdl'}"
         )
 
@@ -101,6 +110,8 @@ class KernelConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"rule 'positive': {field}={value!r} must be a positive int")
+        if self.kind not in KINDS:
+            raise ConfigError(f"rule 'kind': kind={self.kind!r} must be one of {KINDS}")
         if not isinstance(self.pdl, bool):
             raise ConfigError(f"rule 'pdl bool': pdl={self.pdl!r} must be true or false")
         if self.m > MAX_M:
@@ -113,16 +124,29 @@ class KernelConfig:
             )
         if self.vec not in (2, 4, 8):
             raise ConfigError(f"rule 'vector width': vec={self.vec} must be 2, 4 or 8 bf16 (4, 8 or 16 bytes)")
-        regs = self.m * self.cols + self.unroll * (self.cols + self.m) * self.vec // 2
+        if self.kind == "mma":
+            if self.k_threads < 32 or self.vec != 8 or self.cols % MMA_ROWS:
+                raise ConfigError(
+                    f"rule 'mma tile': k_threads={self.k_threads} must be whole warps, vec={self.vec} must be 8 "
+                    f"and cols={self.cols} a multiple of {MMA_ROWS}"
+                )
+            # accumulators (4 per 16-row tile) + per step: 2 weight rows x 4 words per tile + 4 token words
+            regs = self.cols // 4 + self.unroll * (self.cols // 2 + 4)
+            rule = "cols/4 + unroll*(cols/2 + 4)"
+        else:
+            if self.k_threads > 32 and self.m * self.cols > self.k_threads:
+                raise ConfigError(
+                    f"rule 'reduction lanes': m*cols={self.m * self.cols} outputs exceed k_threads={self.k_threads}"
+                )
+            regs = self.m * self.cols + self.unroll * (self.cols + self.m) * self.vec // 2
+            rule = "m*cols + unroll*(cols+m)*vec/2"
         if regs > REGISTER_BUDGET:
-            raise ConfigError(
-                f"rule 'register budget': m*cols + unroll*(cols+m)*vec/2 = {regs} exceeds {REGISTER_BUDGET}"
-            )
+            raise ConfigError(f"rule 'register budget': {rule} = {regs} exceeds {REGISTER_BUDGET}")
         if self.static_k:
             if self.static_k < 0 or self.static_k % self.k_step:
                 raise ConfigError(
                     f"rule 'static k': static_k={self.static_k} must be a positive multiple of "
-                    f"k_threads*vec*unroll={self.k_step}"
+                    f"the K step={self.k_step}"
                 )
             if self.static_k // self.k_step > MAX_STATIC_TRIPS:
                 raise ConfigError(
@@ -130,7 +154,7 @@ class KernelConfig:
                 )
         if k is not None:
             if k % self.k_step:
-                raise ConfigError(f"rule 'k divisible': K={k} is not a multiple of k_threads*vec*unroll={self.k_step}")
+                raise ConfigError(f"rule 'k divisible': K={k} is not a multiple of the K step={self.k_step}")
             if self.static_k and k != self.static_k:
                 raise ConfigError(f"rule 'static k': K={k} differs from the baked-in static_k={self.static_k}")
         if n is not None and n % self.cols_per_cta:

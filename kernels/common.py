@@ -1,0 +1,54 @@
+"""Device and compile helpers shared by the kernel files (one kernel per file, these are not kernels)."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_ptr
+from cutlass.cute.typing import AddressSpace
+
+
+@cute.jit
+def bulk_prefetch_rows(w, tidx, row0, rows, kk):
+    """PDL prologue: pull this CTA's weight rows into L2, then wait for the previous grid.
+
+    The weight never depends on the previous kernel, and a CTA's rows are one
+    contiguous block (rows * K * 2 bytes), so one bulk prefetch covers them and
+    the previous kernel's tail overlaps our ramp. Everything that depends on
+    the previous kernel (the tokens, the residual, the output) comes after the wait.
+    """
+    if tidx == 0:
+        base = w + cute.assume(row0 * kk, divby=8)
+        cute.arch.inline_ptx(
+            "cp.async.bulk.prefetch.L2.global [{$r0}], {$r1};",
+            read_only_args=[base.toint(), cutlass.Int32(rows * 2) * kk],
+        )
+    cute.arch.griddepcontrol_launch_dependents()
+    cute.arch.griddepcontrol_wait()
+
+
+@cute.jit
+def store_output(out, residual, has_res, value, m, col, n):
+    """Write out[m, col]; the residual is added in fp32 before the single bf16 rounding."""
+    v = value
+    if has_res:
+        v = v + cute.make_tensor(residual + (m * n + col), cute.make_layout(1))[0].to(cutlass.Float32)
+    cute.make_tensor(out + (m * n + col), cute.make_layout(1))[0] = v.to(cutlass.BFloat16)
+
+
+def compile_options(arch: str, dump_dir: str) -> str:
+    """The exact compile options (the manifest records them with the dump dir elided)."""
+    return f"--gpu-arch {arch} --keep-cubin --dump-dir {dump_dir}"
+
+
+def compile_kernel(launcher, arch: str, dump_dir: str, name: str) -> bytes:
+    """cute.compile a launcher with the shared ABI's fake args; return the cubin bytes."""
+    ptr = lambda: make_ptr(cutlass.BFloat16, 0, AddressSpace.gmem, assumed_align=16)  # noqa: E731
+    compiled = cute.compile(
+        launcher, ptr(), ptr(), ptr(), ptr(), cutlass.Int32(0), cutlass.Int32(0), options=compile_options(arch, dump_dir)
+    )
+    cubin = compiled.artifacts.CUBIN
+    if not isinstance(cubin, (bytes, bytearray)):
+        # Trap (DESIGN.md): without --keep-cubin and an existing dump dir this is a path string.
+        raise RuntimeError(f"CuTe DSL returned no cubin bytes for {name} ({type(cubin).__name__})")
+    return bytes(cubin)
