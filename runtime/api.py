@@ -1,27 +1,67 @@
-"""Public API: linear, plan_for, planned_ms, manifest. This first version always falls back to F.linear."""
+"""Public API: linear, plan_for, planned_ms, manifest.
+
+Importing this module calls no CUDA API; it asks torch to load the artifacts
+when torch initializes CUDA (runtime/loader.py says why and how).
+"""
 
 from __future__ import annotations
 
+import copy
+
 import torch
-import torch.nn.functional as F
+
+from . import loader, ops
+from .config import KernelConfig
+
+loader.install_hook()
 
 
 def linear(x, weight, bias=None, residual=None):
-    """Same result as F.linear(x, weight, bias) (+ residual)."""
-    y = F.linear(x, weight, bias)
-    return y if residual is None else y + residual
+    """Same result as F.linear(x, weight, bias) (+ residual); a planned cubin runs when one fits exactly."""
+    if bias is None:
+        if not ops.tracing():
+            return ops.run(x, weight, residual)
+        if ops.may_dispatch(x, weight, residual):
+            return torch.ops.skinny_gemm.linear(x, weight, residual)
+    return ops.fallback(x, weight, bias, residual)
 
 
-def plan_for(n, k, m, device=None):
+def _device_table(device) -> loader.DeviceTable | None:
+    """The loaded table of ``device`` (None: torch's current CUDA device); initializes torch's CUDA if needed."""
+    if device is not None:
+        device = torch.device(device)
+        if device.type != "cuda":
+            return None
+    if not torch.cuda.is_available():
+        return None
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    loader.ensure_loaded()
+    return loader.DEVICES.get(index)
+
+
+def _plans(device) -> dict:
+    table = _device_table(device)
+    if table is None:
+        return {}
+    if table.table is not None:
+        return {key: rec.variant for key, rec in table.table.items()}
+    return table.library.plans if table.library is not None else {}
+
+
+def plan_for(n, k, m, device=None) -> KernelConfig | None:
     """The KernelConfig that would run for (n, k, m) on ``device``, or None."""
-    return None
+    variant = _plans(device).get((n, k, m))
+    return None if variant is None else variant.config
 
 
-def planned_ms(n, k, device=None):
+def planned_ms(n, k, device=None) -> tuple[int, ...]:
     """The token counts M planned for weight shape (n, k) on ``device``."""
-    return ()
+    return tuple(sorted(m for (pn, pk, m) in _plans(device) if (pn, pk) == (n, k)))
 
 
-def manifest(device=None):
+def manifest(device=None) -> dict | None:
     """The loaded manifest (dict) for ``device``'s arch, or None."""
-    return None
+    table = _device_table(device)
+    if table is None or table.library is None or table.library.manifest is None:
+        return None
+    return copy.deepcopy(table.library.manifest.raw)

@@ -1,0 +1,85 @@
+"""What ``skinny-gemm env`` prints: versions, GPUs, the manifest in use, variants loaded and refused."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+import torch
+
+from . import loader
+from .manifest import ARCH_FOR_CAPABILITY
+from .version import __version__
+
+
+def _dist_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _driver_text(version: int | None) -> str:
+    return "unknown" if version is None else f"CUDA {version // 1000}.{version % 1000 // 10} ({version})"
+
+
+def _library_lines(lib: loader.Library, indent: str) -> list[str]:
+    if lib.manifest is None:
+        return [f"{indent}artifacts: none usable ({lib.error})"]
+    m = lib.manifest
+    tool = m.raw.get("toolchain", {})
+    lines = [
+        f"{indent}manifest: {m.path}",
+        f"{indent}  package {m.package_version}, arch {m.arch}, cutlass-dsl {tool.get('cutlass_dsl', '?')}, "
+        f"ptxas {', '.join(tool.get('ptxas', [])) or '?'}",
+        f"{indent}  options: {tool.get('compile_options', '?')}",
+        f"{indent}variants: {len(m.variants) - len(lib.refused)} of {len(m.variants)} pass, "
+        f"{len(lib.plans)} of {len(m.plans)} plan entries usable",
+    ]
+    lines += [f"{indent}  refused {name}: {why}" for name, why in lib.refused.items()]
+    return lines
+
+
+def _device_lines(table: loader.DeviceTable) -> list[str]:
+    cap = f"{table.capability[0]}.{table.capability[1]}"
+    lines = [f"GPU {table.ordinal}: {table.name}, capability {cap} -> {table.arch or 'no target (falls back)'}"]
+    if table.library is None:
+        return lines
+    lines += _library_lines(table.library, "  ")
+    if table.table is None:
+        lines.append("  kernels: not bound yet (binds at the first call on this GPU)")
+    else:
+        lines.append(f"  kernels bound: {len(table.functions)}, launch table: {len(table.table)} (n, k, m) entries")
+    lines += [f"  refused on this GPU {name}: {why}" for name, why in table.refused.items()]
+    if table.error:
+        lines.append(f"  error: {table.error}")
+    return lines
+
+
+def env_report() -> str:
+    """The environment report: versions, driver, each GPU and its artifacts, or why everything falls back."""
+    lines = [
+        f"skinny-gemm {__version__}",
+        f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}), "
+        f"cuda-bindings {_dist_version('cuda-bindings')}",
+        f"artifacts root: {loader.artifacts_root()}"
+        + (f" (from ${loader.ENV_ARTIFACTS})" if loader.ENV_ARTIFACTS in __import__("os").environ else ""),
+    ]
+    if torch.cuda.is_available():
+        torch.cuda.init()  # runs the load hook
+        state = loader.ensure_loaded()
+        lines.append(f"driver: {_driver_text(state.driver_version)}; artifacts loaded in {state.seconds * 1e3:.1f} ms")
+        if state.error:
+            lines.append(f"load error: {state.error}")
+        lines += [line for table in loader.DEVICES.values() for line in _device_lines(table)]
+        if not loader.DEVICES:
+            lines.append("no GPU visible to the driver: every call falls back to F.linear")
+        return "\n".join(lines)
+    lines.append("GPU: none usable by torch: every call falls back to F.linear")
+    # Without a GPU the host-side checks still say whether the installed artifacts are intact.
+    for arch in sorted(set(ARCH_FOR_CAPABILITY.values())):
+        directory = loader.artifacts_root() / arch
+        if directory.exists():
+            lib, _ = loader.check_dir(directory, arch)
+            lines.append(f"{arch} (host checks only):")
+            lines += _library_lines(lib, "  ")
+    return "\n".join(lines)

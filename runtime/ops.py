@@ -1,0 +1,134 @@
+"""The torch side: the dispatch decision, the launch on torch's current stream, and the ``skinny_gemm::linear`` op.
+
+Eager calls go straight to ``run`` (no dispatcher round trip: the host cost of
+one call is the point on short GEMMs); graph capture records that launch like
+any other. Under torch.compile, export or a dispatch mode, calls go through the
+custom op, whose fake runs F.linear on fake tensors, so tracing sees one opaque
+op with F.linear's output metadata and errors.
+"""
+
+import warnings
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import loader
+
+_BF16 = torch.bfloat16
+# Plain tensors only: a subclass (FakeTensor, DTensor, ...) has no data pointer
+# we may hand to a kernel, and F.linear knows how to treat it.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_failed: set = set()
+
+
+def fallback(x, weight, bias=None, residual=None):
+    """F.linear(x, weight, bias) (+ residual): the reference result and the reference errors."""
+    y = F.linear(x, weight, bias)
+    return y if residual is None else y + residual
+
+
+def plan(x, weight, residual=None) -> Optional[loader.Launch]:
+    """The launch record that would run for these eager tensors, or None (then F.linear runs)."""
+    if type(x) not in _PLAIN or type(weight) not in _PLAIN or not x.is_cuda:
+        return None
+    if x.dtype is not _BF16 or weight.dtype is not _BF16 or weight.dim() != 2 or x.dim() == 0:
+        return None
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
+    ):
+        return None
+    n, k = weight.shape
+    if k == 0 or x.shape[-1] != k:
+        return None
+    idx = x.get_device()
+    if weight.get_device() != idx or not x.is_contiguous() or not weight.is_contiguous():
+        return None
+    if (x.data_ptr() | weight.data_ptr()) & 15:
+        return None
+    if residual is not None and (
+        type(residual) not in _PLAIN
+        or residual.dtype is not _BF16
+        or residual.get_device() != idx
+        or residual.shape != x.shape[:-1] + (n,)
+        or not residual.is_contiguous()
+        or residual.data_ptr() & 15
+    ):
+        return None
+    if not loader.STATE.loaded:
+        loader.ensure_loaded()
+    dev = loader.DEVICES.get(idx)
+    if dev is None:
+        return None
+    table = dev.table if dev.table is not None else dev.bind()
+    return table.get((n, k, x.numel() // k))
+
+
+def run(x, weight, residual=None):
+    """Eager skinny_gemm.linear without bias: the planned cubin when one fits exactly, else the fallback."""
+    rec = plan(x, weight, residual)
+    if rec is None:
+        return fallback(x, weight, None, residual)
+    out = x.new_empty(x.shape[:-1] + (rec.n,))
+    idx = x.get_device()
+    stream = _raw_stream(idx) if _raw_stream is not None else torch.cuda.current_stream(idx).cuda_stream
+    args = (rec, x.data_ptr(), weight.data_ptr(), out.data_ptr(), 0 if residual is None else residual.data_ptr(), stream)
+    if torch.cuda.current_device() == idx:
+        err = loader.launch_raw(*args)
+    else:
+        # The NULL stream means the current context's: make it this device's.
+        with torch.cuda.device(idx):
+            err = loader.launch_raw(*args)
+    if int(err) != 0:
+        _launch_failed(idx, rec, err)
+        return fallback(x, weight, None, residual)
+    return out
+
+
+def _launch_failed(idx: int, rec: loader.Launch, err) -> None:
+    """Drop a record the driver would not launch (warn once per variant and device); the caller falls back."""
+    table = loader.DEVICES[idx].table
+    for key in [key for key, r in table.items() if r is rec]:
+        del table[key]
+    if (idx, rec.variant.id) not in _failed:
+        _failed.add((idx, rec.variant.id))
+        warnings.warn(
+            f"skinny_gemm: the driver refused to launch {rec.variant.file} on GPU {idx} "
+            f"({getattr(err, 'name', err)}); its shapes fall back to F.linear",
+            loader.ArtifactWarning,
+            stacklevel=4,
+        )
+
+
+def may_dispatch(x, weight, residual=None) -> bool:
+    """The checks that tracing can make (device, dtype, rank, autograd); the op decides the rest at run time."""
+    if residual is not None and (residual.device.type != "cuda" or residual.dtype != _BF16):
+        return False
+    if torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
+    ):
+        return False
+    return x.device.type == "cuda" and x.dtype == _BF16 and weight.dtype == _BF16 and weight.dim() == 2 and x.dim() > 0
+
+
+@torch.library.custom_op(
+    "skinny_gemm::linear", mutates_args=(), schema="(Tensor x, Tensor weight, Tensor? residual=None) -> Tensor"
+)
+def linear_op(x, weight, residual=None):
+    """The opaque op: the same decision and launch as eager (run), made when the traced graph runs."""
+    return run(x, weight, residual)
+
+
+@linear_op.register_fake
+def _linear_fake(x, weight, residual=None):
+    return fallback(x, weight, None, residual)
+
+
+def tracing() -> bool:
+    """True under torch.compile/export or an active torch function or dispatch mode: calls go through the op."""
+    return (
+        torch.compiler.is_compiling()
+        or torch._C._is_torch_function_mode_enabled()
+        or torch._C._len_torch_dispatch_stack() > 0
+    )
