@@ -29,7 +29,7 @@ def linear(x, weight, bias=None, residual=None):
 def _device_table(device) -> loader.DeviceTable | None:
     """The loaded table of ``device`` (None: torch's current CUDA device); initializes torch's CUDA if needed."""
     if device is not None:
-        device = torch.device(device)
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
         if device.type != "cuda":
             return None
     if not torch.cuda.is_available():

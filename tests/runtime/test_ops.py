@@ -1,0 +1,131 @@
+"""The custom op on CPU: schema and fake checked by opcheck, tracing routes through one opaque op
+(fake CUDA tensors under FakeTensorMode work without a GPU), and eager CPU calls never plan."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import skinny_gemm
+from skinny_gemm.runtime import ops
+
+BF16 = torch.bfloat16
+
+
+def test_opcheck():
+    x, w = torch.randn(3, 64, dtype=BF16), torch.randn(32, 64, dtype=BF16)
+    r = torch.randn(3, 32, dtype=BF16)
+    for args in ((x, w, None), (x, w, r), (x[0], w, None)):
+        torch.library.opcheck(torch.ops.skinny_gemm.linear.default, args)
+
+
+def test_eager_is_not_tracing():
+    assert not ops.tracing()
+
+
+def test_plan_is_none_off_gpu():
+    x, w = torch.randn(1, 64, dtype=BF16), torch.randn(32, 64, dtype=BF16)
+    assert ops.plan(x, w) is None
+
+
+def ops_in(gm):
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def fake_cuda(*shape, dtype=BF16, requires_grad=False):
+    return torch.empty(shape, dtype=dtype, device="cuda", requires_grad=requires_grad)
+
+
+def test_tracing_sees_one_opaque_op():
+    with FakeTensorMode():
+        x, w, r = fake_cuda(2, 3, 64), fake_cuda(32, 64), fake_cuda(2, 3, 32)
+        gm = make_fx(lambda x, w, r: skinny_gemm.linear(x, w, residual=r))(x, w, r)
+        y = skinny_gemm.linear(x, w, residual=r)
+    assert ops_in(gm) == [torch.ops.skinny_gemm.linear.default]
+    assert y.shape == (2, 3, 32) and y.dtype == BF16 and y.device.type == "cuda"
+
+
+def test_fake_follows_f_linear_metadata():
+    with FakeTensorMode():
+        x, w = fake_cuda(5, 64), fake_cuda(32, 64)
+        r = fake_cuda(32, dtype=torch.float32)  # not dispatchable: traced as F.linear + add
+        assert skinny_gemm.linear(x, w, residual=r).dtype == torch.float32
+        y = torch.ops.skinny_gemm.linear(x, w, fake_cuda(5, 32))
+        assert y.shape == (5, 32) and y.is_contiguous()
+        with pytest.raises(RuntimeError):
+            torch.ops.skinny_gemm.linear(x, fake_cuda(32, 63), None)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["bias", "fp16", "fp32_weight", "cpu", "weight_3d"],
+)
+def test_tracing_keeps_f_linear_where_no_plan_can_run(case):
+    with FakeTensorMode():
+        x, w, b = fake_cuda(2, 64), fake_cuda(32, 64), None
+        if case == "bias":
+            b = fake_cuda(32)
+        elif case == "fp16":
+            x, w = fake_cuda(2, 64, dtype=torch.float16), fake_cuda(32, 64, dtype=torch.float16)
+        elif case == "fp32_weight":
+            w = fake_cuda(32, 64, dtype=torch.float32)
+        elif case == "cpu":
+            x, w = torch.empty(2, 64, dtype=BF16), torch.empty(32, 64, dtype=BF16)
+        elif case == "weight_3d":
+            w = fake_cuda(1, 32, 64)
+
+        def f(x, w, b):
+            return skinny_gemm.linear(x, w, b)
+
+        try:
+            gm = make_fx(f)(x, w, b)
+        except RuntimeError:
+            assert case in ("fp32_weight", "weight_3d")  # F.linear's own error
+            return
+    assert torch.ops.skinny_gemm.linear.default not in ops_in(gm)
+
+
+def test_autograd_keeps_f_linear():
+    # (make_fx of a grad-requiring fake CUDA tensor aborts a CPU-only torch: check the decision itself)
+    with FakeTensorMode():
+        x, w = fake_cuda(2, 64), fake_cuda(32, 64, requires_grad=True)
+        assert not ops.may_dispatch(x, w)
+        assert not ops.may_dispatch(fake_cuda(2, 64, requires_grad=True), fake_cuda(32, 64))
+        with torch.no_grad():
+            assert ops.may_dispatch(x, w)
+
+
+def test_no_grad_lets_a_grad_weight_through_the_op():
+    with FakeTensorMode():
+        x, w = fake_cuda(2, 64), fake_cuda(32, 64, requires_grad=True)
+        with torch.no_grad():
+            gm = make_fx(lambda x, w: skinny_gemm.linear(x, w))(x, w)
+    assert ops_in(gm) == [torch.ops.skinny_gemm.linear.default]
+
+
+class Proj(torch.nn.Module):
+    def __init__(self, n, k, dtype):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(n, k, dtype=dtype), requires_grad=False)
+
+    def forward(self, x, r):
+        return skinny_gemm.linear(x, self.w, residual=r) * 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, BF16])
+def test_compile_on_cpu_matches_eager(dtype):
+    torch._dynamo.reset()
+    mod = Proj(32, 64, dtype)
+    x, r = torch.randn(3, 64, dtype=dtype), torch.randn(3, 32, dtype=dtype)
+    compiled = torch.compile(mod, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x, r), (F.linear(x, mod.w) + r) * 2)
+
+
+def test_compile_of_the_op_itself():
+    torch._dynamo.reset()
+    x, w, r = torch.randn(2, 64, dtype=BF16), torch.randn(32, 64, dtype=BF16), torch.randn(2, 32, dtype=BF16)
+    f = torch.compile(lambda x, w, r: torch.ops.skinny_gemm.linear(x, w, r), backend="aot_eager", fullgraph=True)
+    assert torch.equal(f(x, w, r), F.linear(x, w) + r)
