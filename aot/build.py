@@ -117,17 +117,37 @@ def build(
     jobs: int | None = None,
     progress: bool = True,
 ) -> BuildResult:
-    """Build ``out_root/<arch>/``: every variant's cubin, then manifest.json last, atomically."""
-    from ..kernels.common import compile_options
-
+    """Build ``out_root/<arch>/`` from a plan table: every variant's cubin, then manifest.json last."""
     if arch not in CAPABILITY_FOR_ARCH:
         raise BuildError(f"unknown arch {arch!r}; choose from {sorted(CAPABILITY_FOR_ARCH)}")
-    start = time.monotonic()
     plan_file = Path(plan_file).resolve() if plan_file else plans.plan_path(arch)
     header, entries = plans.load(plan_file)
     if header["arch"] != arch:
         raise BuildError(f"{plan_file} is the plan table for {header['arch']}, not {arch}")
-    configs = sorted({e.config for e in entries}, key=lambda c: c.name)
+    configs = {e.config for e in entries}
+    mapping = [{"n": e.n, "k": e.k, "m": e.m, "variant": e.config.name} for e in entries]
+    return build_configs(arch, configs, mapping, Path(out_root) / arch, plan_file, cache_dir, jobs, progress)
+
+
+def build_configs(
+    arch: str,
+    configs,
+    mapping: list[dict],
+    out_dir: Path,
+    plan_file: Path,
+    cache_dir: Path | None = None,
+    jobs: int | None = None,
+    progress: bool = True,
+) -> BuildResult:
+    """Compile ``configs`` into ``out_dir`` (cached, in parallel) and write the manifest last, atomically.
+
+    ``mapping`` is the manifest's plan list; ``plan_file`` is the file whose
+    hash the manifest records (the plan table, or a tuner's candidate list).
+    """
+    from ..kernels.common import compile_options
+
+    start = time.monotonic()
+    configs = sorted(set(configs), key=lambda c: c.name)
     version = cutlass_version()
     sources = source_digest()
     options = compile_options(arch, "<tmp>")
@@ -169,7 +189,7 @@ def build(
         records.append(record)
         toolkits.add(toolkit)
 
-    out_dir = Path(out_root) / arch
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # The manifest is the commit marker: drop it first, so an interrupted build
     # leaves a directory that verify and the runtime both refuse.
@@ -181,17 +201,14 @@ def build(
             shutil.rmtree(stale)
     for cfg in configs:
         (out_dir / f"{cfg.name}.cubin").write_bytes(blobs[cfg.name])
+    plan_file = Path(plan_file)
     manifest = {
         "schema": SCHEMA,
         "package_version": __version__,
         "arch": arch,
         "capability": list(CAPABILITY_FOR_ARCH[arch]),
         "dtype": "bfloat16",
-        "toolchain": {
-            "cutlass_dsl": version,
-            "ptxas": sorted(toolkits),
-            "compile_options": compile_options(arch, "<tmp>"),
-        },
+        "toolchain": {"cutlass_dsl": version, "ptxas": sorted(toolkits), "compile_options": options},
         "plan_file": plan_file.relative_to(PACKAGE_ROOT).as_posix()
         if plan_file.is_relative_to(PACKAGE_ROOT)
         else plan_file.name,
@@ -199,13 +216,13 @@ def build(
         "source_sha256": sources,
         "abi": {"params": [list(p) for p in PARAMS], "bytes": sum(p[2] for p in PARAMS)},
         "variants": records,
-        "plans": [{"n": e.n, "k": e.k, "m": e.m, "variant": e.config.name} for e in entries],
+        "plans": sorted(mapping, key=lambda p: (p["n"], p["k"], p["m"])),
     }
     write_atomic(out_dir / MANIFEST_NAME, dumps(manifest))
     return BuildResult(
         arch=arch,
         out_dir=out_dir,
-        entries=len(entries),
+        entries=len(mapping),
         variants=len(configs),
         compiled=len(todo),
         cached=len(configs) - len(todo),

@@ -1,11 +1,226 @@
-"""tune (work in progress in this session)."""
+"""Tune plan tables: prepare candidates on the CPU machine, measure them on the GPU, write the plan table.
+
+  skinny-gemm tune prepare --arch sm_90a --shapes glm53-flash-shapes.json --out DIR   (CPU, compiles)
+  skinny-gemm tune measure DIR --results results.json                             (GPU, no compiler)
+  skinny-gemm tune write results.json                                             (CPU, writes kernels/plans/<arch>.json)
+
+`prepare` generates candidate configs per (n, k, m) cell and compiles them with
+the normal build (one manifest, no plans); `measure` checks every candidate
+against a float64 reference and times it against cuBLAS with the cold-L2
+graph method (aot/measure.py); `write` keeps, per cell, the fastest correct
+candidate that beats cuBLAS by at least 5%, with measured provenance. Cells
+that do not win stay on cuBLAS.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+from ..runtime.config import ConfigError, KernelConfig
+from ..runtime.manifest import dumps
+
+MIN_SPEEDUP = 1.05
+CELLS_FILE = "cells.json"
 
 
-def add_arguments(p):
-    """Register the verb's options."""
+def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
+    """Candidate configs for one cell: the mma kernel over CTA shapes and unrolls, plus a few SIMT ones at M=1."""
+    found = []
+    for threads in (32, 64, 128, 256, 512):
+        for k_threads in (32, 64, 128, 256, 512):
+            for cols in (16, 32):
+                for unroll in (2, 4):
+                    for pdl, prefetch in ((True, True), (True, False)):
+                        found.append(
+                            KernelConfig(m=m, kind="mma", threads=threads, k_threads=k_threads, cols=cols,
+                                         unroll=unroll, pdl=pdl, prefetch=prefetch)
+                        )
+    # The SIMT kernel wastes nothing on token padding and can give one CTA a
+    # single column: it stays in the race at small M and for tiny N.
+    for k_threads in (16, 32, 64, 128, 256):
+        for cols in (1, 2, 4):
+            for prefetch in (True, False):
+                found.append(KernelConfig(m=m, kind="simt", threads=256, k_threads=k_threads, cols=cols,
+                                          unroll=2 if k >= 1024 else 1, prefetch=prefetch))
+    valid = []
+    for cfg in found:
+        try:
+            cfg.check(n=n, k=k)
+        except ConfigError:
+            continue
+        valid.append(cfg)
+    # Too few CTAs leave most of the 132 SMs idle: keep configs within 4x of the
+    # most CTAs any candidate reaches (all of them for tiny N such as 160).
+    most = max(n // c.cols_per_cta for c in valid)
+    return [c for c in valid if n // c.cols_per_cta * 4 >= min(most, 528)]
+
+
+def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None) -> str:
+    """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary line."""
+    from . import plans
+    from .build import build_configs, main_summary
+
+    cells = plans.seed_shapes(arch, shapes_file)
+    rows, configs = [], set()
+    for n, k, m in cells:
+        cands = candidates(n, k, m)
+        rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
+        configs.update(cands)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows}))
+    result = build_configs(arch, configs, [], out / arch, out / CELLS_FILE, jobs=jobs)
+    return f"{len(rows)} cells, {sum(len(r['candidates']) for r in rows)} timings; " + main_summary(result)
+
+
+def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = True) -> dict:
+    """On the GPU: check and time every candidate of every cell against cuBLAS; write and return the results."""
+    import torch
+    from tqdm import tqdm
+
+    from ..runtime import loader
+    from . import measure as ms
+
+    spec = json.loads((cand_dir / CELLS_FILE).read_text())
+    arch = spec["arch"]
+    device = torch.device("cuda", torch.cuda.current_device())
+    lib = loader.load_dir(cand_dir / arch, device)
+    gpu = torch.cuda.get_device_name(device)
+    by_shape: dict = {}
+    for row in spec["cells"]:
+        by_shape.setdefault((row["n"], row["k"]), []).append(row)
+    out_rows = []
+    bar = tqdm(total=sum(len(r["candidates"]) for r in spec["cells"]), desc="measure", unit="cand", disable=not progress)
+    for (n, k), rows in sorted(by_shape.items()):
+        inputs = ms.make_inputs(n, k, [r["m"] for r in rows], device)
+        for row in rows:
+            m = row["m"]
+            x = inputs.tokens[m]
+            graphs = {"cublas": ms.capture([_mm(x, w, o) for w, o in zip(inputs.weights, inputs.outs[m])])}
+            per_graph = {"cublas": len(inputs.weights)}
+            cands = {}
+            for cfg_json in row["candidates"]:
+                cfg = KernelConfig.from_json(cfg_json)
+                bad = _check(lib, cfg, n, k, m, device, ms)
+                cands[cfg.name] = {"config": cfg_json, "bad_elements": bad}
+                if bad == 0:
+                    graphs[cfg.name] = ms.capture(
+                        [_launch(lib, cfg.name, x, w, o, n, k) for w, o in zip(inputs.weights, inputs.outs[m])]
+                    )
+                    per_graph[cfg.name] = len(inputs.weights)
+                bar.update(1)
+            times = ms.time_graphs(graphs, per_graph, trials=trials)
+            del graphs
+            for name, info in cands.items():
+                info["us"] = times.get(name)
+            out_rows.append({"n": n, "k": k, "m": m, "cublas_us": times["cublas"], "candidates": cands})
+        del inputs
+        torch.cuda.empty_cache()
+    bar.close()
+    data = {
+        "arch": arch,
+        "gpu": gpu,
+        "date": datetime.date.today().isoformat(),
+        "method": "cold L2: CUDA graph over >= 1 GiB of weight copies, interleaved with cuBLAS (torch.mm), "
+        f"median of {trials} trials",
+        "cells": out_rows,
+    }
+    results.write_text(dumps(data))
+    return data
+
+
+def _mm(x, w, out):
+    import torch
+
+    return lambda: torch.mm(x, w.T, out=out)
+
+
+def _launch(lib, variant: str, x, w, out, n: int, k: int):
+    return lambda: lib.launch(variant, x, w, out, None, n, k)
+
+
+def _check(lib, cfg: KernelConfig, n: int, k: int, m: int, device, ms) -> int:
+    """Bad elements over two fresh random cases (one with a residual, one scaled 1e3), outputs poisoned."""
+    import torch
+
+    bad = 0
+    for scale, with_res in ((1.0, False), (1e3, True)):
+        x, w, res = ms.random_case(m, n, k, device, scale=scale, residual=with_res)
+        y = torch.full((m, n), float("nan"), device=device, dtype=torch.bfloat16)
+        lib.launch(cfg.name, x, w, y, res, n, k)
+        torch.cuda.synchronize()
+        bad += ms.check_bf16_result(y, x, w, res)
+    return bad
+
+
+def write_plan(results: Path, min_speedup: float = MIN_SPEEDUP) -> tuple[Path, int, int]:
+    """Turn measured results into kernels/plans/<arch>.json; return (path, planned cells, cells left on cuBLAS)."""
+    from . import plans
+    from .plans import PlanEntry
+
+    data = json.loads(Path(results).read_text())
+    arch = data["arch"]
+    entries, skipped = [], 0
+    for row in data["cells"]:
+        timed = [(c["us"], name, c) for name, c in row["candidates"].items() if c["bad_elements"] == 0 and c["us"]]
+        if not timed:
+            skipped += 1
+            continue
+        us, _, best = min(timed)
+        speedup = row["cublas_us"] / us
+        if speedup < min_speedup:
+            skipped += 1
+            continue
+        cfg = KernelConfig.from_json(best["config"])
+        prov = {
+            "kind": "measured",
+            "gpu": data["gpu"],
+            "date": data["date"],
+            "cublas_us": round(row["cublas_us"], 3),
+            "plan_us": round(us, 3),
+            "speedup": round(speedup, 3),
+            "method": data["method"],
+        }
+        entries.append(PlanEntry(row["n"], row["k"], row["m"], cfg, prov))
+    header = {
+        "arch": arch,
+        "capability": list(plans.CAPABILITY_FOR_ARCH[arch]),
+        "dtype": "bfloat16",
+        "source": f"skinny-gemm tune on {data['gpu']}, {data['date']}; cells under {min_speedup}x stay on cuBLAS",
+    }
+    path = plans.plan_path(arch)
+    path.write_text(plans.render(header, entries))
+    return path, len(entries), skipped
+
+
+def add_arguments(p) -> None:
+    """Register `tune`'s sub-verbs."""
+    sub = p.add_subparsers(dest="phase", metavar="PHASE")
+    sub.required = True
+    pr = sub.add_parser("prepare", help="generate and compile candidates (CPU, needs nvidia-cutlass-dsl)")
+    pr.add_argument("--arch", default="sm_90a")
+    pr.add_argument("--shapes", required=True, type=Path, help="the model's shapes file")
+    pr.add_argument("--out", required=True, type=Path, help="candidate directory to create")
+    pr.add_argument("--jobs", type=int)
+    me = sub.add_parser("measure", help="check and time candidates vs cuBLAS (GPU, from the installed wheel)")
+    me.add_argument("dir", type=Path, help="a directory made by `tune prepare`")
+    me.add_argument("--results", required=True, type=Path, help="results JSON to write")
+    me.add_argument("--trials", type=int, default=5)
+    wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
+    wr.add_argument("results", type=Path)
+    wr.add_argument("--min-speedup", type=float, default=MIN_SPEEDUP)
     p.set_defaults(func=main)
 
 
-def main(args):
-    """Entry point."""
-    raise SystemExit("tune: not available yet")
+def main(args) -> int:
+    """Run one tuning phase."""
+    if args.phase == "prepare":
+        print(prepare(args.arch, args.shapes, args.out, args.jobs))
+    elif args.phase == "measure":
+        data = measure(args.dir, args.results, args.trials)
+        print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")
+    else:
+        path, planned, skipped = write_plan(args.results, args.min_speedup)
+        print(f"wrote {path}: {planned} cells planned, {skipped} left on cuBLAS")
+    return 0

@@ -9,22 +9,24 @@ from cutlass.cute.typing import AddressSpace
 
 
 @cute.jit
-def bulk_prefetch_rows(w, tidx, row0, rows, kk):
-    """PDL prologue: pull this CTA's weight rows into L2, then wait for the previous grid.
+def prologue(cfg, w, tidx, row0, kk):
+    """Prefetch this CTA's weight rows to L2 (cfg.prefetch), then wait for the previous grid (cfg.pdl).
 
     The weight never depends on the previous kernel, and a CTA's rows are one
-    contiguous block (rows * K * 2 bytes), so one bulk prefetch covers them and
-    the previous kernel's tail overlaps our ramp. Everything that depends on
-    the previous kernel (the tokens, the residual, the output) comes after the wait.
+    contiguous block (cols_per_cta * K * 2 bytes), so one bulk prefetch covers
+    them and the previous kernel's tail overlaps our ramp. Everything that
+    depends on the previous kernel (tokens, residual, output) comes after the wait.
     """
-    if tidx == 0:
-        base = w + cute.assume(row0 * kk, divby=8)
-        cute.arch.inline_ptx(
-            "cp.async.bulk.prefetch.L2.global [{$r0}], {$r1};",
-            read_only_args=[base.toint(), cutlass.Int32(rows * 2) * kk],
-        )
-    cute.arch.griddepcontrol_launch_dependents()
-    cute.arch.griddepcontrol_wait()
+    if cutlass.const_expr(cfg.prefetch):
+        if tidx == 0:
+            base = w + cute.assume(row0 * kk, divby=8)
+            cute.arch.inline_ptx(
+                "cp.async.bulk.prefetch.L2.global [{$r0}], {$r1};",
+                read_only_args=[base.toint(), cutlass.Int32(cfg.cols_per_cta * 2) * kk],
+            )
+    if cutlass.const_expr(cfg.pdl):
+        cute.arch.griddepcontrol_launch_dependents()
+        cute.arch.griddepcontrol_wait()
 
 
 @cute.jit

@@ -15,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 
 from ..runtime.config import KernelConfig
-from .common import bulk_prefetch_rows, compile_kernel, store_output
+from .common import compile_kernel, prologue, store_output
 
 WARP = 32
 
@@ -67,8 +67,7 @@ class SkinnyGemm:
         else:
             kk = cute.assume(k, divby=cfg.k_step)
 
-        if cutlass.const_expr(cfg.pdl):
-            bulk_prefetch_rows(w, tidx, bidx * cfg.cols_per_cta, cfg.cols_per_cta, kk)
+        prologue(cfg, w, tidx, bidx * cfg.cols_per_cta, kk)
 
         acc = cute.make_rmem_tensor((M, COLS), cutlass.Float32)  # (M, COLS) fp32 partial sums
         acc.fill(0.0)

@@ -22,7 +22,7 @@ import cutlass
 import cutlass.cute as cute
 
 from ..runtime.config import KernelConfig
-from .common import bulk_prefetch_rows, compile_kernel, store_output
+from .common import compile_kernel, prologue, store_output
 
 WARP = 32
 # Placeholders are written {$r0}; the outer braces are PTX's vector operands.
@@ -88,8 +88,7 @@ class SkinnyMma:
             kk = cfg.static_k
         else:
             kk = cute.assume(k, divby=cfg.k_step)
-        if cutlass.const_expr(cfg.pdl):
-            bulk_prefetch_rows(w, tidx, bidx * cfg.cols_per_cta, cfg.cols_per_cta, kk)
+        prologue(cfg, w, tidx, bidx * cfg.cols_per_cta, kk)
 
         # Lanes whose token is padding (r >= M) read token 0 and zero it: all-ones
         # mask for real tokens, zero for padding, without a branch.

@@ -40,8 +40,9 @@ class KernelConfig:
     per load, ``unroll`` loads per column in flight. For "mma", threads come in
     whole warps along K, ``cols`` is a multiple of 16 and ``vec`` is 8. ``static_k`` 0 means K is a runtime value; otherwise the K loop is
     fully unrolled for exactly that K. ``pdl`` launches with programmatic
-    dependent launch: the weight is prefetched to L2 before waiting on the
-    previous kernel.
+    dependent launch (the kernel waits on the previous grid only before it
+    touches tokens, residual or output); ``prefetch`` has each CTA start a bulk
+    L2 prefetch of its weight rows first, so that wait overlaps HBM traffic.
     """
 
     m: int
@@ -53,6 +54,7 @@ class KernelConfig:
     unroll: int = 2
     static_k: int = 0
     pdl: bool = True
+    prefetch: bool = True
 
     @property
     def groups(self) -> int:
@@ -77,7 +79,7 @@ class KernelConfig:
         k = f"k{self.static_k}" if self.static_k else "kdyn"
         return (
             f"{self.kind}_m{self.m}_t{self.threads}_kt{self.k_threads}_c{self.cols}_v{self.vec}"
-            f"_u{self.unroll}_{k}_{'pdl' if self.pdl else 'nopdl'}"
+            f"_u{self.unroll}_{k}_{'pdl' if self.pdl else 'nopdl'}{'_pf' if self.prefetch else ''}"
         )
 
     @property
@@ -112,8 +114,9 @@ class KernelConfig:
                 raise ConfigError(f"rule 'positive': {field}={value!r} must be a positive int")
         if self.kind not in KINDS:
             raise ConfigError(f"rule 'kind': kind={self.kind!r} must be one of {KINDS}")
-        if not isinstance(self.pdl, bool):
-            raise ConfigError(f"rule 'pdl bool': pdl={self.pdl!r} must be true or false")
+        for flag in ("pdl", "prefetch"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"rule 'flags': {flag}={getattr(self, flag)!r} must be true or false")
         if self.m > MAX_M:
             raise ConfigError(f"rule 'm range': m={self.m} exceeds {MAX_M}")
         if self.threads % 32 or self.threads > 1024:
