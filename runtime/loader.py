@@ -266,6 +266,14 @@ class Launch:
             self.config = cfg
 
 
+def _capturing() -> bool:
+    """Whether torch's current stream is capturing a graph (a CPU-only torch cannot say: it never is)."""
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError:
+        return False
+
+
 @contextlib.contextmanager
 def _relaxed_capture():
     """Let this thread make the binding calls even while it captures a graph (they add no graph node)."""
@@ -309,6 +317,11 @@ class DeviceTable:
                     return {}
             except DriverError as exc:
                 self.error = f"binding failed: {exc}"
+            if (self.error or self.refused) and _capturing():
+                # A failure inside a capture may be the capture's doing: fall back for
+                # this call and bind again outside it rather than refuse for good.
+                self.functions, self.refused, self.error = {}, {}, None
+                return {}
             self.table = {
                 key: Launch(v, self.functions[v.id], key[0], key[1])
                 for key, v in self.library.plans.items()

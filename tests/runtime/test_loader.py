@@ -463,6 +463,21 @@ def test_function_refused_at_bind(fresh, art):
     assert set(loader.DEVICES[0].table) == all_plans(art) - plans_of(art, v["id"])
 
 
+def test_bind_failure_inside_capture_retries_outside(fresh, art, monkeypatch):
+    v = first_variant(art)
+    fake = fresh(active=[False])
+    fake.fail[f"cuKernelGetFunction:{v['symbol']}"] = R.CUDA_ERROR_INVALID_CONTEXT
+    fake.active[0] = True
+    table = loader.DEVICES[0]
+    monkeypatch.setattr(loader, "_capturing", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert table.bind() == {} and table.table is None, "no refusal made for good inside a capture"
+    monkeypatch.setattr(loader, "_capturing", lambda: False)
+    del fake.fail[f"cuKernelGetFunction:{v['symbol']}"]
+    assert set(table.bind()) == all_plans(art) and table.refused == {}
+
+
 def test_incomplete_dir_without_manifest_warns(fresh, art):
     (art / "sm_90a" / MANIFEST_NAME).unlink()
     assert "no manifest" in the_warning(fresh())

@@ -1,0 +1,620 @@
+"""The runtime on a real GPU (skipped without CUDA).
+
+Every manifest entry against a float64 reference, eager and under CUDA graph replay, residual on
+and off; a fuzz of planned and unplanned calls against F.linear; chained calls (PDL ordering); the
+first call inside a graph capture; two streams; torch.compile; tampered artifacts on the real
+driver; no context created by import or load. Import/load time and host overhead are printed
+(run pytest with -s to see them).
+
+Imports only ``skinny_gemm`` and ``helpers`` (tests/gpu/conftest.py puts tests/ on sys.path), so it
+runs from a copy of tests/ against an installed wheel. The bound (helpers/reference.py):
+|y - ref| <= 2^-8 |ref| + 2^-16 (|x| @ |W|^T), plus 2^-8 |x @ W^T| where F.linear rounds before
+adding a residual; wherever the fallback ran, the result must equal F.linear's bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import random
+import re
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import skinny_gemm
+from helpers.reference import assert_within_bound, poison_, poison_allocator, random_tensor
+from skinny_gemm.runtime import diagnostics, loader, ops
+from skinny_gemm.runtime.manifest import ARCH_FOR_CAPABILITY, MANIFEST_NAME
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)"
+)
+
+BF16 = torch.bfloat16
+SCALES = (1.0, 1e-3, 1e3)
+TESTS = str(Path(__file__).resolve().parent.parent)
+_weights: dict = {}
+
+
+@pytest.fixture(scope="module")
+def dev():
+    """This GPU's loaded and bound table; fails with the env report if the artifacts did not load cleanly."""
+    idx = torch.cuda.current_device()
+    cap = torch.cuda.get_device_capability(idx)
+    if cap not in ARCH_FOR_CAPABILITY:
+        pytest.skip(f"no skinny_gemm target for capability {cap}")
+    torch.empty(1, device="cuda")  # torch's context exists, so the device can bind
+    loader.ensure_loaded()
+    table = loader.DEVICES.get(idx)
+    report = diagnostics.env_report()
+    print("\n" + report)
+    assert table is not None and table.library is not None and table.library.manifest is not None, report
+    assert not table.library.refused and not table.refused and table.error is None, report
+    assert table.bind(), report
+    return table
+
+
+def plans(dev):
+    return sorted(dev.library.manifest.plans.items())
+
+
+def weight(n, k):
+    if (n, k) not in _weights:
+        gen = torch.Generator(device="cuda").manual_seed(n * 100003 + k)
+        _weights[(n, k)] = random_tensor((n, k), "cuda", 0.05, generator=gen)
+    return _weights[(n, k)]
+
+
+def stream():
+    return torch.cuda.current_stream().cuda_stream
+
+
+def ptr(t):
+    return 0 if t is None else t.data_ptr()
+
+
+def test_every_entry_eager(dev):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    failures = []
+    for (n, k, m), vid in plans(dev):
+        rec, w = dev.table[(n, k, m)], weight(n, k)
+        for scale in SCALES:
+            for with_res in (False, True):
+                x = random_tensor((m, k), "cuda", scale, generator=gen)
+                r = random_tensor((m, n), "cuda", scale, generator=gen) if with_res else None
+                out = poison_(torch.empty(m, n, dtype=BF16, device="cuda"))
+                loader.launch(rec, x.data_ptr(), w.data_ptr(), out.data_ptr(), ptr(r), stream())
+                assert ops.plan(x, w, r) is rec, f"dispatch picked another record for {(n, k, m)}"
+                poison_allocator((m, n), "cuda")
+                y = skinny_gemm.linear(x, w, residual=r)
+                torch.cuda.synchronize()
+                what = f"{vid} (n={n}, k={k}, m={m}) scale {scale} residual {with_res}"
+                for how, got in (("direct launch", out), ("skinny_gemm.linear", y)):
+                    try:
+                        assert_within_bound(got, x, w, r, what=f"{what} {how}")
+                    except AssertionError as exc:
+                        failures.append(str(exc))
+                if not torch.equal(out, y):
+                    failures.append(f"{what}: linear() and the direct launch differ")
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_every_entry_graph_replay(dev):
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    failures = []
+    for (n, k, m), vid in plans(dev):
+        w = weight(n, k)
+        for with_res in (False, True):
+            xs = random_tensor((m, k), "cuda", generator=gen)
+            rs = random_tensor((m, n), "cuda", generator=gen) if with_res else None
+            assert ops.plan(xs, w, rs) is not None
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y = skinny_gemm.linear(xs, w, residual=rs)
+            for scale in SCALES:
+                xs.copy_(random_tensor((m, k), "cuda", scale, generator=gen))
+                if rs is not None:
+                    rs.copy_(random_tensor((m, n), "cuda", scale, generator=gen))
+                poison_(y)
+                graph.replay()
+                torch.cuda.synchronize()
+                try:
+                    assert_within_bound(y, xs, w, rs, what=f"{vid} (n={n}, k={k}, m={m}) replay scale {scale} res {with_res}")
+                except AssertionError as exc:
+                    failures.append(str(exc))
+            del graph
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_chained_calls_see_each_others_outputs(dev):
+    """Back-to-back PDL launches: each reads the previous one's output, eager and in one graph."""
+    square = sorted({(n, k) for (n, k, _), _ in plans(dev) if n == k})
+    if not square:
+        pytest.skip("no planned shape with n == k to chain")
+    n = square[-1][0]
+    w = weight(n, n)
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    for m in skinny_gemm.planned_ms(n, n):
+        x0 = random_tensor((m, n), "cuda", 1.0 / n**0.5, generator=gen)
+        ys = [x0]
+        for _ in range(8):
+            ys.append(skinny_gemm.linear(ys[-1], w, residual=ys[-1]))
+        torch.cuda.synchronize()
+        for i in range(1, len(ys)):
+            assert_within_bound(ys[i], ys[i - 1], w, ys[i - 1], what=f"eager chain m={m} step {i}")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            gs = [x0]
+            for _ in range(8):
+                gs.append(skinny_gemm.linear(gs[-1], w, residual=gs[-1]))
+        for g in gs[1:]:
+            poison_(g)
+        graph.replay()
+        torch.cuda.synchronize()
+        for i in range(1, len(gs)):
+            assert_within_bound(gs[i], gs[i - 1], w, gs[i - 1], what=f"graph chain m={m} step {i}")
+
+
+def _case(rng, dev, gen):
+    """One random call: (x, w, bias, residual, label)."""
+    planned = [key for key, _ in plans(dev)]
+    if rng.random() < 0.6:
+        n, k, m = rng.choice(planned)
+        m = rng.choice([m, m, m, 0, max(skinny_gemm.planned_ms(n, k)) + 1, rng.randint(5, 16)])
+    else:
+        n, k, m = 8 * rng.randint(1, 64), 8 * rng.randint(1, 128), rng.randint(0, 9)
+    dtype = rng.choice([BF16] * 6 + [torch.float16, torch.float32])
+    scale = rng.choice(SCALES)
+    layout = rng.choice(["contig", "contig", "aligned_offset", "misaligned", "strided", "lead_dims", "one_d"])
+    label = f"n={n} k={k} m={m} {dtype} {layout}"
+    if layout == "aligned_offset":
+        buf = random_tensor((m * k + 8,), "cuda", scale, generator=gen, dtype=dtype)
+        x = buf[8:].view(m, k)
+    elif layout == "misaligned":
+        buf = random_tensor((m * k + 1,), "cuda", scale, generator=gen, dtype=dtype)
+        x = buf[1:].view(m, k)
+    elif layout == "strided":
+        x = random_tensor((m, 2 * k), "cuda", scale, generator=gen, dtype=dtype)[:, ::2]
+    elif layout == "lead_dims" and m % 2 == 0:
+        x = random_tensor((2, m // 2, k), "cuda", scale, generator=gen, dtype=dtype)
+    elif layout == "one_d" and m == 1:
+        x = random_tensor((k,), "cuda", scale, generator=gen, dtype=dtype)
+    else:
+        x = random_tensor((m, k), "cuda", scale, generator=gen, dtype=dtype)
+    w = weight(n, k).to(dtype)
+    if rng.random() < 0.1:
+        w = torch.cat([w, w[:, :8]], dim=1)[:, :k]  # non-contiguous weight
+        label += " strided-w"
+    out_shape = x.shape[:-1] + (n,)
+    bias = random_tensor((n,), "cuda", generator=gen, dtype=dtype) if rng.random() < 0.1 else None
+    residual = None
+    kind = rng.choice(["none", "none", "same", "same", "broadcast", "fp32", "strided"])
+    if kind == "same":
+        residual = random_tensor(out_shape, "cuda", scale, generator=gen, dtype=dtype)
+    elif kind == "broadcast":
+        residual = random_tensor((n,), "cuda", scale, generator=gen, dtype=dtype)
+    elif kind == "fp32":
+        residual = random_tensor(out_shape, "cuda", scale, generator=gen, dtype=torch.float32)
+    elif kind == "strided" and len(out_shape) == 2:
+        residual = random_tensor((out_shape[0], 2 * n), "cuda", scale, generator=gen, dtype=dtype)[:, ::2]
+    return x, w, bias, residual, f"{label} bias={bias is not None} residual={kind}"
+
+
+def test_fuzz_matches_f_linear(dev):
+    rng = random.Random(7)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    ran = {"kernel": 0, "fallback": 0}
+    for i in range(400):
+        x, w, bias, residual, label = _case(rng, dev, gen)
+        grad = rng.random() < 0.05
+        if grad:
+            w = w.detach().requires_grad_(True)
+        expected = F.linear(x, w, bias)
+        if residual is not None:
+            expected = expected + residual
+        rec = ops.plan(x, w, residual) if bias is None else None
+        if rec is not None:
+            poison_allocator(expected.shape, "cuda")
+        y = skinny_gemm.linear(x, w, bias, residual)
+        torch.cuda.synchronize()
+        what = f"case {i}: {label}{' grad' if grad else ''}"
+        assert (y.shape, y.dtype, y.device) == (expected.shape, expected.dtype, expected.device), what
+        if rec is None:
+            ran["fallback"] += 1
+            assert torch.equal(y.detach(), expected.detach()), f"{what}: fallback differs from F.linear"
+        else:
+            ran["kernel"] += 1
+            assert not grad and x.dtype == BF16
+            assert_within_bound(y, x, w, residual, what=what)
+    print(f"\nfuzz: {ran}")
+    assert ran["kernel"] >= 50 and ran["fallback"] >= 50, ran
+
+
+def test_m_zero_and_above_plans(dev):
+    (n, k, _), _ = plans(dev)[0]
+    w = weight(n, k)
+    for m in (0, max(skinny_gemm.planned_ms(n, k)) + 1, 16, 64):
+        x = random_tensor((m, k), "cuda")
+        assert ops.plan(x, w) is None
+        assert torch.equal(skinny_gemm.linear(x, w), F.linear(x, w))
+        r = random_tensor((m, n), "cuda")
+        assert torch.equal(skinny_gemm.linear(x, w, residual=r), F.linear(x, w) + r)
+
+
+def test_first_call_of_a_shape_inside_capture(dev):
+    (n, k, m), _ = plans(dev)[-1]
+    w = weight(n, k)
+    x = random_tensor((m, k), "cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = skinny_gemm.linear(x, w)
+    poison_(y)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_within_bound(y, x, w, what="first call inside capture")
+
+
+def _prelude() -> str:
+    """Code that imports the same skinny_gemm this process uses (installed or source tree) and helpers."""
+    init = Path(skinny_gemm.__file__).resolve()
+    pkg = Path(skinny_gemm.__path__[0]).resolve()
+    return (
+        "import importlib.util, json, sys, time\n"
+        f"sys.path.insert(0, {TESTS!r})\n"
+        "def load_skinny_gemm():\n"
+        f"    spec = importlib.util.spec_from_file_location('skinny_gemm', {str(init)!r}, "
+        f"submodule_search_locations=[{str(pkg)!r}])\n"
+        "    mod = importlib.util.module_from_spec(spec)\n"
+        "    sys.modules['skinny_gemm'] = mod\n"
+        "    spec.loader.exec_module(mod)\n"
+        "    return mod\n"
+    )
+
+
+def run_py(code: str, env: dict | None = None) -> dict:
+    """Run ``code`` after the prelude in a fresh interpreter; return the JSON its last line prints."""
+    import os
+
+    full_env = dict(os.environ, **(env or {}))
+    out = subprocess.run(
+        [sys.executable, "-c", _prelude() + code], capture_output=True, text=True, timeout=300, env=full_env
+    )
+    assert out.returncode == 0, f"subprocess failed:\n{out.stdout}\n{out.stderr}"
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+CONTEXT_STATE = (
+    "from cuda.bindings import driver as d\n"
+    "def ctx_state():\n"
+    "    d.cuInit(0)\n"
+    "    _, dev = d.cuDeviceGet(0)\n"
+    "    _, flags, active = d.cuDevicePrimaryCtxGetState(dev)\n"
+    "    _, cur = d.cuCtxGetCurrent()\n"
+    "    return {'active': int(active), 'current': int(cur)}\n"
+)
+
+
+def test_import_and_load_create_no_context(dev):
+    baseline = run_py("import torch\n" + CONTEXT_STATE + "torch.cuda.init()\nprint(json.dumps(ctx_state()))\n")
+    before_init = run_py(
+        "import torch\n" + CONTEXT_STATE + "t = time.perf_counter()\n"
+        "load_skinny_gemm()\n"
+        "t_import = time.perf_counter() - t\n"
+        "from skinny_gemm.runtime import loader\n"
+        "assert not torch.cuda.is_initialized(), 'import initialized CUDA'\n"
+        "assert not loader.STATE.loaded, 'import loaded artifacts before torch initialized CUDA'\n"
+        "torch.cuda.init()\n"
+        "s = loader.STATE\n"
+        "lib = s.libraries.get(loader.DEVICES[0].arch)\n"
+        "print(json.dumps(dict(ctx_state(), import_s=t_import, load_s=s.seconds, loaded=s.loaded, error=s.error,\n"
+        "      kernels=len(lib.kernels) if lib else 0, unbound=loader.DEVICES[0].table is None)))\n"
+    )
+    after_init = run_py(
+        "import torch\n" + CONTEXT_STATE + "torch.cuda.init()\n"
+        "t = time.perf_counter()\n"
+        "load_skinny_gemm()\n"
+        "t_import = time.perf_counter() - t\n"
+        "from skinny_gemm.runtime import loader\n"
+        "s = loader.STATE\n"
+        "print(json.dumps(dict(ctx_state(), import_s=t_import, load_s=s.seconds, loaded=s.loaded, error=s.error,\n"
+        "      kernels=len(s.libraries[loader.DEVICES[0].arch].kernels))))\n"
+    )
+    print(
+        f"\nimport skinny_gemm (torch imported, CUDA not initialized): {before_init['import_s'] * 1e3:.1f} ms; "
+        f"load at torch's CUDA init: {before_init['load_s'] * 1e3:.1f} ms for {before_init['kernels']} kernels"
+        f"\nimport skinny_gemm with torch's CUDA initialized (loads at import): {after_init['import_s'] * 1e3:.1f} ms "
+        f"(load {after_init['load_s'] * 1e3:.1f} ms, {after_init['kernels']} kernels)"
+    )
+    n_variants = len(dev.library.manifest.variants)
+    for run in (before_init, after_init):
+        assert run["loaded"] and run["error"] is None and run["kernels"] == n_variants, run
+        assert (run["active"], run["current"]) == (baseline["active"], baseline["current"]), (baseline, run)
+    assert before_init["load_s"] < 0.05 and after_init["load_s"] < 0.05, "loading took over 50 ms"
+
+
+def test_very_first_call_inside_capture_binds():
+    """A fresh process whose first skinny_gemm call happens inside a graph capture (device not yet bound)."""
+    res = run_py(
+        "import torch\n"
+        "load_skinny_gemm()\n"
+        "import skinny_gemm\n"
+        "from skinny_gemm.runtime import loader, ops\n"
+        "from helpers.reference import assert_within_bound, poison_, random_tensor\n"
+        "x0 = torch.empty(1, device='cuda')\n"
+        "dev = loader.DEVICES[torch.cuda.current_device()]\n"
+        "(n, k, m) = sorted(dev.library.manifest.plans)[0]\n"
+        "x = random_tensor((m, k), 'cuda'); w = random_tensor((n, k), 'cuda', 0.05)\n"
+        "torch.cuda.synchronize()\n"
+        "unbound = dev.table is None\n"
+        "g = torch.cuda.CUDAGraph()\n"
+        "with torch.cuda.graph(g):\n"
+        "    y = skinny_gemm.linear(x, w)\n"
+        "poison_(y); g.replay(); torch.cuda.synchronize()\n"
+        "assert_within_bound(y, x, w, what='very first call inside capture')\n"
+        "print(json.dumps({'unbound_before': unbound, 'planned': ops.plan(x, w) is not None,\n"
+        "                  'bound_entries': len(dev.table or {})}))\n"
+    )
+    assert res["planned"] and res["bound_entries"] > 0, res
+    if not res["unbound_before"]:
+        pytest.skip(f"torch had made the context before the load, so binding happened at load: {res}")
+
+
+def test_two_streams(dev, monkeypatch):
+    (n, k, m), _ = plans(dev)[len(plans(dev)) // 2]
+    w = weight(n, k)
+    seen = []
+    real = loader.launch_raw
+
+    def spy(rec, *args):
+        seen.append(args[-1])
+        return real(rec, *args)
+
+    monkeypatch.setattr(loader, "launch_raw", spy)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    x1, x2 = random_tensor((m, k), "cuda"), random_tensor((m, k), "cuda")
+    r2 = random_tensor((m, n), "cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s1):
+        y1 = skinny_gemm.linear(x1, w)
+    with torch.cuda.stream(s2):
+        y2 = skinny_gemm.linear(x2, w, residual=r2)
+    torch.cuda.synchronize()
+    assert seen == [s1.cuda_stream, s2.cuda_stream]
+    assert_within_bound(y1, x1, w, what="stream 1")
+    assert_within_bound(y2, x2, w, r2, what="stream 2")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=s1):
+        y3 = skinny_gemm.linear(x1, w, residual=r2)
+    poison_(y3)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_within_bound(y3, x1, w, r2, what="graph captured on a side stream")
+
+
+class Proj(torch.nn.Module):
+    def __init__(self, w):
+        super().__init__()
+        self.w = torch.nn.Parameter(w, requires_grad=False)
+
+    def forward(self, x, r):
+        return skinny_gemm.linear(x, self.w, residual=r) * 2
+
+
+@pytest.mark.parametrize("backend, mode", [("aot_eager", None), ("inductor", None), ("inductor", "reduce-overhead")])
+def test_torch_compile(dev, monkeypatch, backend, mode):
+    if backend == "inductor" and importlib.util.find_spec("triton") is None:
+        pytest.skip("inductor needs triton, not installed here")
+    (n, k, m), _ = plans(dev)[0]
+    mod = Proj(weight(n, k))
+    launches = []
+    real = loader.launch_raw
+    monkeypatch.setattr(loader, "launch_raw", lambda rec, *a: launches.append(rec) or real(rec, *a))
+    torch._dynamo.reset()
+    compiled = torch.compile(mod, backend=backend, mode=mode, fullgraph=True)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    with torch.no_grad():
+        for _ in range(4):
+            x, r = random_tensor((m, k), "cuda", generator=gen), random_tensor((m, n), "cuda", generator=gen)
+            y = compiled(x, r).clone()
+            torch.cuda.synchronize()
+            assert torch.equal(y, mod(x, r)), f"{backend}/{mode}: compiled differs from eager"
+    assert launches, "the compiled module never launched a skinny kernel"
+
+
+def _tamper(dev, tmp_path):
+    """A copy of this GPU's artifacts with five variants broken in five ways; returns (dir, {file: how})."""
+    src = dev.library.directory
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst)
+    data = json.loads((dst / MANIFEST_NAME).read_text())
+    variants = data["variants"]
+    assert len(variants) >= 5
+    broken = {}
+
+    def rehash(v):
+        blob = (dst / v["file"]).read_bytes()
+        v["sha256"], v["size"] = hashlib.sha256(blob).hexdigest(), len(blob)
+
+    a, b, c, d, e = variants[:5]
+    p = dst / a["file"]
+    blob = bytearray(p.read_bytes())
+    blob[len(blob) // 2] ^= 0x40
+    p.write_bytes(bytes(blob))
+    broken[a["file"]] = "flipped byte"
+    (dst / b["file"]).unlink()
+    broken[b["file"]] = "missing"
+    p = dst / c["file"]
+    blob = bytearray(p.read_bytes())
+    flags = int.from_bytes(blob[48:52], "little")
+    blob[48:52] = ((flags & ~0xFF00) | (121 << 8)).to_bytes(4, "little")
+    p.write_bytes(bytes(blob))
+    rehash(c)
+    broken[c["file"]] = "ELF says sm_121 (manifest rehashed)"
+    p = dst / d["file"]
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    rehash(d)
+    broken[d["file"]] = "truncated (manifest rehashed)"
+    p = dst / e["file"]
+    blob = p.read_bytes()
+    # EIATTR_KPARAM_INFO (format 0x04, attribute 0x17, 12 bytes) of param 5 at offset 36: claim 8 bytes
+    match = re.search(rb"\x04\x17\x0c\x00....\x05\x00\x24\x00(....)", blob, re.S)
+    assert match, "KPARAM_INFO of param 5 not found"
+    pflags = int.from_bytes(match.group(1), "little")
+    pflags = (pflags & ~(0x3FFF << 18)) | (8 << 18)
+    blob = blob[: match.start(1)] + struct.pack("<I", pflags) + blob[match.end(1) :]
+    p.write_bytes(blob)
+    rehash(e)
+    broken[e["file"]] = "param 5 claims 8 bytes (manifest rehashed)"
+    (dst / MANIFEST_NAME).write_text(json.dumps(data))
+    return dst, broken
+
+
+def test_tampered_artifacts_refused_on_the_real_driver(dev, tmp_path):
+    directory, broken = _tamper(dev, tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = loader.load_dir(directory, torch.cuda.current_device())
+    refused = {**table.library.refused, **table.refused}
+    print("\nrefused on the real driver:\n  " + "\n  ".join(f"{f}: {why}" for f, why in refused.items()))
+    assert set(refused) == set(broken), (refused, broken)
+    ours = [w for w in caught if issubclass(w.category, loader.ArtifactWarning)]
+    assert ours and all(f in "".join(str(w.message) for w in ours) for f in broken)
+    manifest = table.library.manifest
+    bad_ids = {vid for vid, v in manifest.variants.items() if v.file in broken}
+    for key, vid in manifest.plans.items():
+        assert (key in table.table) == (vid not in bad_ids), key
+    # the survivors still run correctly
+    done = set()
+    for (n, k, m), rec in sorted(table.table.items()):
+        if rec.variant.id in done:
+            continue
+        done.add(rec.variant.id)
+        x, w = random_tensor((m, k), "cuda"), weight(n, k)
+        out = poison_(torch.empty(m, n, dtype=BF16, device="cuda"))
+        loader.launch(rec, x.data_ptr(), w.data_ptr(), out.data_ptr(), 0, stream())
+        torch.cuda.synchronize()
+        assert_within_bound(out, x, w, what=f"survivor {rec.variant.id}")
+
+
+@pytest.mark.parametrize("how", ["version", "arch"])
+def test_foreign_manifest_refused_on_the_real_driver(dev, tmp_path, how):
+    dst = tmp_path / dev.library.directory.name
+    shutil.copytree(dev.library.directory, dst)
+    data = json.loads((dst / MANIFEST_NAME).read_text())
+    if how == "version":
+        data["package_version"] = "0.0.0-other"
+    else:
+        other = next(a for a in ARCH_FOR_CAPABILITY.values() if a != data["arch"])
+        data["arch"], data["capability"] = other, list(next(c for c, a in ARCH_FOR_CAPABILITY.items() if a == other))
+    (dst / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.warns(loader.ArtifactWarning, match=re.escape(str(dst / MANIFEST_NAME))):
+        table = loader.load_dir(dst, torch.cuda.current_device())
+    assert table.table == {} and table.library.error
+
+
+def test_tampered_install_falls_back_in_a_fresh_process(dev, tmp_path):
+    root = tmp_path / "root"
+    arch_dir = root / dev.library.directory.name
+    shutil.copytree(dev.library.directory, arch_dir)
+    data = json.loads((arch_dir / MANIFEST_NAME).read_text())
+    victim = data["variants"][0]
+    p = arch_dir / victim["file"]
+    blob = bytearray(p.read_bytes())
+    blob[100] ^= 1
+    p.write_bytes(bytes(blob))
+    hit = next((p["n"], p["k"], p["m"]) for p in data["plans"] if p["variant"] == victim["id"])
+    safe = next((p["n"], p["k"], p["m"]) for p in data["plans"] if p["variant"] != victim["id"])
+    res = run_py(
+        "import torch, warnings, torch.nn.functional as F\n"
+        "load_skinny_gemm()\n"
+        "import skinny_gemm\n"
+        "from skinny_gemm.runtime import ops, loader\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    torch.cuda.init()\n"
+        "out = {'warnings': [str(w.message) for w in caught if issubclass(w.category, loader.ArtifactWarning)]}\n"
+        f"for name, (n, k, m) in (('hit', {hit}), ('safe', {safe})):\n"
+        "    x = torch.randn(m, k, device='cuda').bfloat16(); w = torch.randn(n, k, device='cuda').bfloat16()\n"
+        "    out[name + '_planned'] = ops.plan(x, w) is not None\n"
+        "    out[name + '_equal_f_linear'] = bool(torch.equal(skinny_gemm.linear(x, w), F.linear(x, w)))\n"
+        "print(json.dumps(out))\n",
+        env={loader.ENV_ARTIFACTS: str(root)},
+    )
+    assert len(res["warnings"]) == 1 and victim["file"] in res["warnings"][0], res
+    assert not res["hit_planned"] and res["hit_equal_f_linear"], res
+    assert res["safe_planned"], res
+
+
+def test_load_dir_and_launch_for_bench_code(dev):
+    table = loader.load_dir(dev.library.directory, torch.cuda.current_device())
+    seen = set()
+    for (n, k, m), vid in plans(dev):
+        if vid in seen:
+            continue
+        seen.add(vid)
+        x, w, r = random_tensor((m, k), "cuda"), weight(n, k), random_tensor((m, n), "cuda")
+        out = poison_(torch.empty(m, n, dtype=BF16, device="cuda"))
+        table.launch(vid, x, w, out, r, n, k)
+        torch.cuda.synchronize()
+        assert_within_bound(out, x, w, r, what=f"load_dir launch {vid}")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_gpu_has_its_own_handles(dev):
+    if torch.cuda.get_device_capability(1) != torch.cuda.get_device_capability(0):
+        pytest.skip("GPU 1 has another capability")
+    (n, k, m), _ = plans(dev)[0]
+    x = random_tensor((m, k), "cuda:1")
+    w = weight(n, k).to("cuda:1")
+    with torch.cuda.device(0):
+        assert ops.plan(x, w) is not None
+        y = skinny_gemm.linear(x, w)
+    torch.cuda.synchronize(1)
+    assert y.device == x.device
+    assert_within_bound(y, x, w, what="GPU 1 called while GPU 0 is current")
+    t0, t1 = loader.DEVICES[0], loader.DEVICES[1]
+    assert {int(f) for f in t0.functions.values()}.isdisjoint(int(f) for f in t1.functions.values())
+
+
+def test_host_overhead_vs_f_linear(dev):
+    """Host time of one eager call (queue never fills: smallest planned weight); printed, median of 5."""
+    (n, k, m), vid = min(plans(dev), key=lambda item: (item[0][0] * item[0][1], item[0][2]))
+    w = weight(n, k)
+    x = random_tensor((m, k), "cuda")
+    calls = 2000
+
+    def host_us(fn):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t = time.perf_counter() - t
+        torch.cuda.synchronize()
+        return t / calls * 1e6
+
+    fns = {
+        "F.linear": lambda: F.linear(x, w),
+        "skinny_gemm.linear": lambda: skinny_gemm.linear(x, w),
+        "skinny_gemm.linear (unplanned M, falls back)": lambda: skinny_gemm.linear(xs, w),
+    }
+    xs = random_tensor((max(skinny_gemm.planned_ms(n, k)) + 1, k), "cuda")
+    with torch.inference_mode():
+        for fn in fns.values():
+            host_us(fn)
+        times = {name: [] for name in fns}
+        for _ in range(5):
+            for name, fn in fns.items():
+                times[name].append(host_us(fn))
+    lines = [f"{name}: {statistics.median(t):.2f} us" for name, t in times.items()]
+    print(f"\nhost overhead per eager call, (n={n}, k={k}, m={m}) {vid}:\n  " + "\n  ".join(lines))
