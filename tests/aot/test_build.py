@@ -1,0 +1,70 @@
+"""The build: entries collapse into variants, cubins match their arch, manifest last, reproducible, cached."""
+
+import json
+
+from skinny_gemm.aot import build, cubin, plans
+from skinny_gemm.runtime.manifest import PARAMS, parse
+
+ARCHS = ("sm_90a", "sm_121")
+
+
+def test_build_collapses_entries_into_variants(built):
+    for arch in ARCHS:
+        result = built["results"][arch]
+        _, entries = plans.load(plans.plan_path(arch))
+        assert result.entries == len(entries)
+        assert result.variants == len({e.config for e in entries})
+        assert result.compiled == result.variants and result.cached == 0
+
+
+def test_manifest_matches_plan_and_cubins(built):
+    for arch in ARCHS:
+        man = parse(built["root"] / arch / "manifest.json", expected_arch=arch)
+        _, entries = plans.load(plans.plan_path(arch))
+        assert set(man.plans) == {(e.n, e.k, e.m) for e in entries}
+        for variant in man.variants.values():
+            info = cubin.inspect((man.directory / variant.file).read_bytes())
+            assert info.arch == arch
+            kernel = info.kernels[variant.symbol]
+            assert kernel.params == [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
+            assert tuple(kernel.reqntid) == variant.block
+
+
+def test_sm121_cubins_match_their_sm90a_twins(built, tmp_path):
+    """No GB10 here: each sm_121 variant is compiled for sm_90a too; symbols and params must be identical."""
+    m121 = parse(built["root"] / "sm_121" / "manifest.json")
+    configs = [v.config for v in m121.variants.values()]
+    plan = built["root"] / "sm_121" / "manifest.json"
+    build.build_configs("sm_90a", configs, [], tmp_path / "twins", plan, cache_dir=built["cache"], progress=False)
+    assert configs
+    for vid, variant in m121.variants.items():
+        b = cubin.inspect((m121.directory / variant.file).read_bytes())
+        a = cubin.inspect((tmp_path / "twins" / variant.file).read_bytes())
+        assert (a.arch, b.arch) == ("sm_90a", "sm_121")
+        assert a.kernels.keys() == b.kernels.keys() == {variant.symbol}
+        assert a.kernels[variant.symbol].params == b.kernels[variant.symbol].params
+        assert a.kernels[variant.symbol].reqntid == b.kernels[variant.symbol].reqntid
+
+
+def test_second_clean_build_is_byte_identical(built, tmp_path):
+    other = tmp_path / "again"
+    for arch in ARCHS:
+        build.build(arch, other, cache_dir=tmp_path / "fresh-cache", jobs=2, progress=False)
+        first, second = built["root"] / arch, other / arch
+        assert sorted(p.name for p in first.iterdir()) == sorted(p.name for p in second.iterdir())
+        for path in first.iterdir():
+            assert path.read_bytes() == (second / path.name).read_bytes(), path.name
+
+
+def test_cached_rebuild_compiles_nothing(built, tmp_path):
+    result = build.build("sm_90a", tmp_path, cache_dir=built["cache"], jobs=2, progress=False)
+    assert result.compiled == 0 and result.cached == result.variants
+
+
+def test_manifest_is_sorted_stable_json(built):
+    path = built["root"] / "sm_90a" / "manifest.json"
+    text = path.read_text()
+    assert text == json.dumps(json.loads(text), indent=1, sort_keys=True) + "\n"
+    raw = json.loads(text)
+    assert [p for p in raw["plans"]] == sorted(raw["plans"], key=lambda p: (p["n"], p["k"], p["m"]))
+    assert raw["toolchain"]["cutlass_dsl"] == "4.8.1"

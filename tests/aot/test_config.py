@@ -1,0 +1,91 @@
+"""The config dataclass: one validity check, rules named in errors, a name that every field changes."""
+
+import dataclasses
+
+import pytest
+
+from skinny_gemm.aot import plans
+from skinny_gemm.runtime.config import ConfigError, KernelConfig
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_121"])
+def test_every_plan_entry_is_valid(arch):
+    header, entries = plans.load(plans.plan_path(arch))
+    assert header["arch"] == arch
+    assert entries, "plan table is empty"
+    for e in entries:
+        e.config.check(n=e.n, k=e.k)
+        assert e.config.m == e.m
+        assert e.provenance["kind"] in ("measured", "heuristic")
+
+
+def test_sm121_plan_is_the_pull_request_set():
+    _, entries = plans.load(plans.plan_path("sm_121"))
+    cells = {(e.n, e.k, e.m) for e in entries}
+    assert len(cells) == 20
+    assert (4096, 8192, 1) not in cells and (4096, 8192, 2) in cells
+    assert all(e.provenance["kind"] == "heuristic" for e in entries), "no GB10 measurement exists"
+
+
+@pytest.mark.parametrize(
+    "kwargs, rule",
+    [
+        (dict(m=9), "m range"),
+        (dict(m=1, threads=100), "whole warps"),
+        (dict(m=1, threads=256, k_threads=96), "k_threads split"),
+        (dict(m=1, vec=3), "vector width"),
+        (dict(m=8, cols=16, unroll=8), "register budget"),
+        (dict(m=1, static_k=100), "static k"),
+        (dict(m=1, kind="tensor"), "kind"),
+        (dict(m=1, kind="mma", k_threads=16, threads=256), "mma tile"),
+        (dict(m=1, pdl=1), "flags"),
+        (dict(m=0), "positive"),
+    ],
+)
+def test_invalid_config_names_the_rule(kwargs, rule):
+    with pytest.raises(ConfigError, match=f"rule '{rule}'"):
+        KernelConfig(**kwargs).check()
+
+
+def test_shape_rules_name_the_rule():
+    cfg = KernelConfig(m=1, threads=256, k_threads=256, cols=4, unroll=2)
+    with pytest.raises(ConfigError, match="rule 'n divisible'"):
+        cfg.check(n=4102, k=4096)
+    with pytest.raises(ConfigError, match="rule 'k divisible'"):
+        cfg.check(n=4096, k=4000)
+    static = dataclasses.replace(cfg, static_k=4096)
+    with pytest.raises(ConfigError, match="rule 'static k'"):
+        static.check(n=4096, k=8192)
+
+
+def _variants(cfg):
+    """One changed value per field, each still a valid config."""
+    changes = {
+        "m": 2,
+        "kind": "mma",
+        "threads": 512,
+        "k_threads": 128,
+        "cols": 32,
+        "vec": 4,
+        "unroll": 4,
+        "static_k": 4096,
+        "pdl": not cfg.pdl,
+        "prefetch": not cfg.prefetch,
+    }
+    assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
+    return changes
+
+
+def test_every_field_changes_name_and_symbol():
+    base = KernelConfig(m=1, kind="simt", threads=256, k_threads=256, cols=16, vec=8, unroll=2)
+    for field, value in _variants(base).items():
+        other = dataclasses.replace(base, **{field: value})
+        assert other.name != base.name, field
+        assert other.symbol != base.symbol, field
+
+
+def test_json_round_trip_and_unknown_fields():
+    cfg = KernelConfig(m=3, kind="mma", threads=128, k_threads=64, cols=16, unroll=4)
+    assert KernelConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(ConfigError, match="unknown config fields"):
+        KernelConfig.from_json({**cfg.to_json(), "colour": 1})
