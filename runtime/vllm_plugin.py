@@ -9,8 +9,9 @@ time, never its files:
   weights are loaded and before CUDA graphs are captured. There each layer's
   local weight shape is matched against the plans for its GPU and, where one
   fits, a ``RoutedApply`` is installed as that layer's quant method ``apply``.
-- ``BaseModelLoader.load_model``: after a model is loaded, one summary line is
-  logged (``summary``).
+- ``BaseModelLoader.load_model``: after a model is loaded, the routes are put
+  into vLLM's compile-cache key (``key_compile_cache``) and one summary line
+  is logged (``summary``).
 
 Everything that touches vLLM is imported inside the functions that need it, so
 this module and the forward it installs (``RoutedApply``, ``install_route``)
@@ -37,6 +38,8 @@ LOG_PREFIX = "skinny-gemm vLLM plugin:"
 LAYER_ATTR = "_skinny_gemm"
 ROUTED = "routed"
 NO_PLAN = "no plan"
+# The key of the routes in vLLM's additional_config (key_compile_cache).
+CACHE_KEY = "skinny_gemm_routes"
 
 # Under vLLM's logger tree, so vLLM's handler and format print it: a logger
 # outside "vllm" has no handler and Python drops its INFO records.
@@ -108,7 +111,7 @@ def register() -> None:
 
     for cls in (UnquantizedLinearMethod, UnquantizedEmbeddingMethod):
         _patch(cls, "process_weights_after_loading", _routing_after_loading)
-    _patch(BaseModelLoader, "load_model", _logging_summary)
+    _patch(BaseModelLoader, "load_model", _after_model_loaded)
 
 
 def _patch(cls, name, make_wrapper) -> None:
@@ -137,14 +140,39 @@ def _routing_after_loading(original):
     return process_weights_after_loading
 
 
-def _logging_summary(original):
+def _after_model_loaded(original):
     @functools.wraps(original)
     def load_model(self, *args, **kwargs):
         model = original(self, *args, **kwargs)
+        key_compile_cache(kwargs.get("vllm_config", args[0] if args else None), model)
         logger.info("%s", summary(model))
         return model
 
     return load_model
+
+
+def key_compile_cache(vllm_config, model: torch.nn.Module) -> None:
+    """Put the routes into ``vllm_config.additional_config``, so vLLM's compile cache keys on them.
+
+    vLLM reuses a saved torch.compile artifact whose key (its env vars and
+    config hash) matches and whose traced source files are unchanged. Routing
+    changes the graph but neither of those: without this, a graph compiled
+    before the wheel was installed would run with it (nothing routed), and one
+    compiled with routes would run with SKINNY_GEMM_VLLM=0. The config hash
+    covers additional_config; nothing routed leaves it as it was.
+    """
+    routes = sorted({(m.n, m.k, tuple(sorted(m.ms))) for _, m in layer_matches(model).values() if m.routed})
+    if not routes:
+        return
+    extra = getattr(vllm_config, "additional_config", None)
+    if isinstance(extra, dict):
+        extra[CACHE_KEY] = [[n, k, list(ms)] for n, k, ms in routes]
+    else:
+        logger.warning(
+            "%s vLLM's additional_config is no dict: its compile cache cannot tell graphs with and without "
+            "skinny-gemm apart; set VLLM_DISABLE_COMPILE_CACHE=1 when switching the plugin on or off",
+            LOG_PREFIX,
+        )
 
 
 def _is_matrix(weight) -> bool:

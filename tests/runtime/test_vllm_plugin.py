@@ -13,8 +13,8 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -123,25 +123,51 @@ def test_switch(monkeypatch, value, on):
         assert vllm_plugin.register() is None
 
 
-def test_summary_line_groups_layers_by_shape():
+def _model_with(*matches):
     model = torch.nn.Module()
-    for i, (name, n, k, ms, outcome) in enumerate(
-        [
-            ("model.layers.0.self_attn.qkv_proj", 256, 128, (1, 2), "routed"),
-            ("model.layers.1.self_attn.qkv_proj", 256, 128, (1, 2), "routed"),
-            ("lm_head", 1024, 128, (1,), "routed"),
-            ("model.layers.0.self_attn.o_proj", 128, 128, (), "no plan"),
-            ("model.layers.0.mlp.down_proj", 128, 192, (), "dtype float16"),
-        ]
-    ):
-        child = torch.nn.Linear(k, n, bias=False)
-        setattr(child, vllm_plugin.LAYER_ATTR, LayerMatch(name=name, n=n, k=k, ms=frozenset(ms), outcome=outcome))
+    for i, match in enumerate(matches):
+        child = torch.nn.Linear(match.k, match.n, bias=False)
+        setattr(child, vllm_plugin.LAYER_ATTR, match)
         model.add_module(f"m{i}", child)
+    return model
+
+
+def test_summary_line_groups_layers_by_shape():
+    model = _model_with(
+        LayerMatch("model.layers.0.self_attn.qkv_proj", 256, 128, frozenset({1, 2}), "routed"),
+        LayerMatch("model.layers.1.self_attn.qkv_proj", 256, 128, frozenset({1, 2}), "routed"),
+        LayerMatch("lm_head", 1024, 128, frozenset({1}), "routed"),
+        LayerMatch("model.layers.0.self_attn.o_proj", 128, 128, frozenset(), "no plan"),
+        LayerMatch("model.layers.0.mlp.down_proj", 128, 192, frozenset(), "dtype float16"),
+    )
     assert vllm_plugin.summary(model) == (
         f"{LOG_PREFIX} cpu (no GPU): routed 3 of 5 unquantized layers: "
         "(1024, 128) lm_head x1 M=1, (256, 128) qkv_proj x2 M=1,2; "
         "no plan: (128, 128) o_proj x1; skipped (dtype float16): (128, 192) down_proj x1"
     )
+
+
+def test_routes_key_the_compile_cache_only_when_something_is_routed():
+    config = SimpleNamespace(additional_config={"user": 1})
+    vllm_plugin.key_compile_cache(config, _model_with(LayerMatch("o_proj", 128, 128, frozenset(), "no plan")))
+    assert config.additional_config == {"user": 1}, "nothing routed: the graph is vLLM's own, keep its cache key"
+    routed = _model_with(
+        LayerMatch("a.qkv_proj", 256, 128, frozenset({2, 1}), "routed"),
+        LayerMatch("b.qkv_proj", 256, 128, frozenset({1, 2}), "routed"),
+        LayerMatch("lm_head", 1024, 128, frozenset({1}), "routed"),
+    )
+    vllm_plugin.key_compile_cache(config, routed)
+    assert config.additional_config == {"user": 1, vllm_plugin.CACHE_KEY: [[256, 128, [1, 2]], [1024, 128, [1]]]}
+
+
+@needs_vllm
+def test_vllm_config_hash_covers_the_routes():
+    from vllm.config import VllmConfig
+
+    config = VllmConfig()
+    before = config.compute_hash()
+    vllm_plugin.key_compile_cache(config, _model_with(LayerMatch("lm_head", 1024, 128, frozenset({1}), "routed")))
+    assert config.compute_hash() != before
 
 
 def test_plugin_module_imports_neither_vllm_nor_cutlass():
@@ -207,10 +233,9 @@ def engines(tmp_path_factory):
         # VLLM_PLUGINS="" loads no general plugin even where the wheel is installed.
         "without": (bare, {**in_process, "VLLM_PLUGINS": ""}),
     }
-    # Two at a time fit 2 cores: most of a run is single-threaded startup.
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(_engine, helper, tmp, name, s, model, e) for name, (s, e) in runs.items()}
-        return {name: f.result() for name, f in futures.items()}
+    # One after the other: two engines at once on 2 cores took longer (their
+    # OpenMP threads contend for the same cores).
+    return {name: _engine(helper, tmp, name, s, model, e) for name, (s, e) in runs.items()}
 
 
 def _summary_lines(log: str) -> list[str]:
