@@ -19,7 +19,9 @@ _BF16 = torch.bfloat16
 # Plain tensors only: a subclass (FakeTensor, DTensor, ...) has no data pointer
 # we may hand to a kernel, and F.linear knows how to treat it.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+# The raw calls behind torch.cuda.current_stream / current_device, without their Python wrappers.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 _failed: set = set()
 
 
@@ -31,6 +33,13 @@ def fallback(x, weight, bias=None, residual=None):
 
 def plan(x, weight, residual=None) -> Optional[loader.Launch]:
     """The launch record that would run for these eager tensors, or None (then F.linear runs)."""
+    try:
+        return _plan(x, weight, residual)
+    except (RuntimeError, NotImplementedError):  # sparse, nested, mkldnn...: F.linear knows what to do
+        return None
+
+
+def _plan(x, weight, residual):
     if type(x) not in _PLAIN or type(weight) not in _PLAIN or not x.is_cuda:
         return None
     if x.dtype is not _BF16 or weight.dtype is not _BF16 or weight.dim() != 2 or x.dim() == 0:
@@ -45,7 +54,8 @@ def plan(x, weight, residual=None) -> Optional[loader.Launch]:
     idx = x.get_device()
     if weight.get_device() != idx or not x.is_contiguous() or not weight.is_contiguous():
         return None
-    if (x.data_ptr() | weight.data_ptr()) & 15:
+    # A negative-bit view shares its base's memory but means the negated values.
+    if (x.data_ptr() | weight.data_ptr()) & 15 or x.is_neg() or weight.is_neg():
         return None
     if residual is not None and (
         type(residual) not in _PLAIN
@@ -54,6 +64,7 @@ def plan(x, weight, residual=None) -> Optional[loader.Launch]:
         or residual.shape != x.shape[:-1] + (n,)
         or not residual.is_contiguous()
         or residual.data_ptr() & 15
+        or residual.is_neg()
     ):
         return None
     if not loader.STATE.loaded:
@@ -74,7 +85,7 @@ def run(x, weight, residual=None):
     idx = x.get_device()
     stream = _raw_stream(idx) if _raw_stream is not None else torch.cuda.current_stream(idx).cuda_stream
     args = (rec, x.data_ptr(), weight.data_ptr(), out.data_ptr(), 0 if residual is None else residual.data_ptr(), stream)
-    if torch.cuda.current_device() == idx:
+    if _current_device() == idx:
         err = loader.launch_raw(*args)
     else:
         # The NULL stream means the current context's: make it this device's.

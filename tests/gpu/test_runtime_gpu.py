@@ -176,7 +176,7 @@ def _case(rng, dev, gen):
         n, k, m = 8 * rng.randint(1, 64), 8 * rng.randint(1, 128), rng.randint(0, 9)
     dtype = rng.choice([BF16] * 6 + [torch.float16, torch.float32])
     scale = rng.choice(SCALES)
-    layout = rng.choice(["contig", "contig", "aligned_offset", "misaligned", "strided", "lead_dims", "one_d"])
+    layout = rng.choice(["contig", "contig", "aligned_offset", "misaligned", "strided", "lead_dims", "one_d", "neg_view"])
     label = f"n={n} k={k} m={m} {dtype} {layout}"
     if layout == "aligned_offset":
         buf = random_tensor((m * k + 8,), "cuda", scale, generator=gen, dtype=dtype)
@@ -190,6 +190,8 @@ def _case(rng, dev, gen):
         x = random_tensor((2, m // 2, k), "cuda", scale, generator=gen, dtype=dtype)
     elif layout == "one_d" and m == 1:
         x = random_tensor((k,), "cuda", scale, generator=gen, dtype=dtype)
+    elif layout == "neg_view":  # shares memory with its base but means the negated values
+        x = torch._neg_view(random_tensor((m, k), "cuda", scale, generator=gen, dtype=dtype))
     else:
         x = random_tensor((m, k), "cuda", scale, generator=gen, dtype=dtype)
     w = weight(n, k).to(dtype)
@@ -481,30 +483,39 @@ def _tamper(dev, tmp_path):
 
 
 def test_tampered_artifacts_refused_on_the_real_driver(dev, tmp_path):
+    """In a fresh process, so that a driver choking on a broken image cannot take the suite down."""
     directory, broken = _tamper(dev, tmp_path)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        table = loader.load_dir(directory, torch.cuda.current_device())
-    refused = {**table.library.refused, **table.refused}
-    print("\nrefused on the real driver:\n  " + "\n  ".join(f"{f}: {why}" for f, why in refused.items()))
+    res = run_py(
+        "import torch, warnings\n"
+        "load_skinny_gemm()\n"
+        "from skinny_gemm.runtime import loader\n"
+        "from helpers.reference import assert_within_bound, poison_, random_tensor\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        f"    table = loader.load_dir({str(directory)!r}, torch.cuda.current_device())\n"
+        "checked = set()\n"
+        "for (n, k, m), rec in sorted(table.table.items()):\n"
+        "    if rec.variant.id in checked:\n"
+        "        continue\n"
+        "    checked.add(rec.variant.id)\n"
+        "    x, w = random_tensor((m, k), 'cuda'), random_tensor((n, k), 'cuda', 0.05)\n"
+        "    out = poison_(torch.empty(m, n, dtype=torch.bfloat16, device='cuda'))\n"
+        "    loader.launch(rec, x.data_ptr(), w.data_ptr(), out.data_ptr(), 0, torch.cuda.current_stream().cuda_stream)\n"
+        "    torch.cuda.synchronize()\n"
+        "    assert_within_bound(out, x, w, what='survivor ' + rec.variant.id)\n"
+        "print(json.dumps({'refused': {**table.library.refused, **table.refused},\n"
+        "    'warnings': [str(w.message) for w in caught if issubclass(w.category, loader.ArtifactWarning)],\n"
+        "    'planned': sorted(table.table), 'survivors_checked': len(checked)}))\n"
+    )
+    refused = res["refused"]
+    print("\nrefused on the real driver:\n  " + "\n  ".join(f"{f} ({broken.get(f)}): {why}" for f, why in refused.items()))
     assert set(refused) == set(broken), (refused, broken)
-    ours = [w for w in caught if issubclass(w.category, loader.ArtifactWarning)]
-    assert ours and all(f in "".join(str(w.message) for w in ours) for f in broken)
-    manifest = table.library.manifest
+    assert res["warnings"] and all(f in "".join(res["warnings"]) for f in broken), res["warnings"]
+    manifest = dev.library.manifest
     bad_ids = {vid for vid, v in manifest.variants.items() if v.file in broken}
-    for key, vid in manifest.plans.items():
-        assert (key in table.table) == (vid not in bad_ids), key
-    # the survivors still run correctly
-    done = set()
-    for (n, k, m), rec in sorted(table.table.items()):
-        if rec.variant.id in done:
-            continue
-        done.add(rec.variant.id)
-        x, w = random_tensor((m, k), "cuda"), weight(n, k)
-        out = poison_(torch.empty(m, n, dtype=BF16, device="cuda"))
-        loader.launch(rec, x.data_ptr(), w.data_ptr(), out.data_ptr(), 0, stream())
-        torch.cuda.synchronize()
-        assert_within_bound(out, x, w, what=f"survivor {rec.variant.id}")
+    expected = sorted(list(key) for key, vid in manifest.plans.items() if vid not in bad_ids)
+    assert res["planned"] == expected
+    assert res["survivors_checked"] == len({vid for vid in manifest.plans.values() if vid not in bad_ids})
 
 
 @pytest.mark.parametrize("how", ["version", "arch"])

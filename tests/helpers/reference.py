@@ -34,13 +34,6 @@ def allowed(x, w, residual=None, rounded_before_residual=False):
     return ref, bound
 
 
-def bad_elements(y, x, w, residual=None, rounded_before_residual=False) -> int:
-    """How many outputs break the bound (NaN, e.g. an unwritten poisoned element, always does)."""
-    ref, bound = allowed(x, w, residual, rounded_before_residual)
-    err = (y.double() - ref).abs()
-    return int((~(err <= bound)).sum())
-
-
 def assert_within_bound(y, x, w, residual=None, rounded_before_residual=False, what=""):
     """Fail with the worst element's numbers if any output breaks the bound."""
     ref, bound = allowed(x, w, residual, rounded_before_residual)

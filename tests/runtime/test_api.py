@@ -46,6 +46,14 @@ def test_strided_and_offset_views_fall_back_exactly():
     assert torch.equal(skinny_gemm.linear(x, w), F.linear(x, w))
 
 
+def test_exotic_tensors_fall_back_exactly():
+    x, w = torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16)
+    nx = torch._neg_view(x)
+    assert torch.equal(skinny_gemm.linear(nx, w), F.linear(nx, w))
+    sx = x.float().to_sparse()
+    assert torch.equal(skinny_gemm.linear(sx, w.float()), F.linear(sx, w.float()))
+
+
 def test_one_dimensional_weight_like_f_linear():
     x, w = torch.randn(2, 8), torch.randn(8)
     assert torch.equal(skinny_gemm.linear(x, w), F.linear(x, w))
