@@ -111,6 +111,19 @@ def test_unrouted_layer_keeps_vllm_apply_and_shared_method_routes_per_layer(line
     assert linear_calls == {1: 1}
 
 
+def test_routed_apply_compiles_to_one_graph_for_every_token_count():
+    # vLLM compiles with a symbolic token count and drops dynamo's guards: a
+    # branch on M inside the route would be baked in for every size.
+    layer, method = _layer(64, 32, ms=(2,))
+    compiled = torch.compile(lambda x: method.apply(layer, x), backend="eager", dynamic=True, fullgraph=True)
+    x = torch.randn(2, 32).bfloat16()
+    torch.testing.assert_close(compiled(x), F.linear(x, layer.weight), rtol=0, atol=0)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for m in (3, 5, 2):
+            x = torch.randn(m, 32).bfloat16()
+            torch.testing.assert_close(compiled(x), F.linear(x, layer.weight), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), ("off", False), ("False", False)])
 def test_switch(monkeypatch, value, on):
     if value is None:
