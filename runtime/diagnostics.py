@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib import metadata
 
 import torch
@@ -22,18 +23,19 @@ def _driver_text(version: int | None) -> str:
     return "unknown" if version is None else f"CUDA {version // 1000}.{version % 1000 // 10} ({version})"
 
 
-def _library_lines(lib: loader.Library, indent: str) -> list[str]:
+def _library_lines(lib: loader.Library, indent: str, host_only: bool = False) -> list[str]:
     if lib.manifest is None:
         return [f"{indent}artifacts: none usable ({lib.error})"]
     m = lib.manifest
     tool = m.raw.get("toolchain", {})
+    passed = {vid for vid, v in m.variants.items() if v.file not in lib.refused} if host_only else set(lib.kernels)
     lines = [
         f"{indent}manifest: {m.path}",
         f"{indent}  package {m.package_version}, arch {m.arch}, cutlass-dsl {tool.get('cutlass_dsl', '?')}, "
         f"ptxas {', '.join(tool.get('ptxas', [])) or '?'}",
         f"{indent}  options: {tool.get('compile_options', '?')}",
-        f"{indent}variants: {len(m.variants) - len(lib.refused)} of {len(m.variants)} pass, "
-        f"{len(lib.plans)} of {len(m.plans)} plan entries usable",
+        f"{indent}variants: {len(passed)} of {len(m.variants)} {'pass the host checks' if host_only else 'loaded'}, "
+        f"{sum(vid in passed for vid in m.plans.values())} of {len(m.plans)} plan entries usable",
     ]
     lines += [f"{indent}  refused {name}: {why}" for name, why in lib.refused.items()]
     return lines
@@ -62,7 +64,7 @@ def env_report() -> str:
         f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}), "
         f"cuda-bindings {_dist_version('cuda-bindings')}",
         f"artifacts root: {loader.artifacts_root()}"
-        + (f" (from ${loader.ENV_ARTIFACTS})" if loader.ENV_ARTIFACTS in __import__("os").environ else ""),
+        + (f" (from ${loader.ENV_ARTIFACTS})" if loader.ENV_ARTIFACTS in os.environ else ""),
     ]
     if torch.cuda.is_available():
         torch.cuda.init()  # runs the load hook
@@ -81,5 +83,5 @@ def env_report() -> str:
         if directory.exists():
             lib, _ = loader.check_dir(directory, arch)
             lines.append(f"{arch} (host checks only):")
-            lines += _library_lines(lib, "  ")
+            lines += _library_lines(lib, "  ", host_only=True)
     return "\n".join(lines)

@@ -1,0 +1,34 @@
+"""``skinny-gemm env`` (diagnostics.env_report) without a GPU and with a FakeDriver GPU."""
+
+from __future__ import annotations
+
+import torch
+
+import skinny_gemm
+
+from skinny_gemm.runtime import diagnostics, loader
+from test_loader import art, built, first_variant, fresh  # noqa: F401  (fixtures)
+
+
+def test_report_without_gpu_checks_the_artifacts_on_the_host(art):
+    v = first_variant(art)
+    (art / "sm_90a" / v["file"]).write_bytes(b"junk")
+    text = diagnostics.env_report()
+    assert "GPU: none usable" in text and f"from ${loader.ENV_ARTIFACTS}" in text
+    assert str(art / "sm_90a" / "manifest.json") in text
+    assert f"refused {v['file']}: sha256 differs" in text
+    assert "sm_121 (host checks only)" in text
+
+
+def test_report_with_a_gpu(monkeypatch, fresh, art):
+    (art / "sm_90a" / first_variant(art)["file"]).unlink()
+    fresh(caps=[(9, 0), (8, 0)])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    text = diagnostics.env_report()
+    assert "driver: CUDA 13.0 (13000)" in text
+    assert "GPU 0: Fake GPU (9, 0), capability 9.0 -> sm_90a" in text
+    assert "GPU 1: Fake GPU (8, 0), capability 8.0 -> no target" in text
+    assert f"package {skinny_gemm.__version__}, arch sm_90a, cutlass-dsl" in text
+    assert f"refused {first_variant(art)['file']}: cubin unreadable" in text
+    assert "launch table:" in text
