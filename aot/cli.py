@@ -148,8 +148,13 @@ def parser() -> argparse.ArgumentParser:
 
     from . import bench, tune
 
-    bench.add_arguments(sub.add_parser("bench", help="plans vs cuBLAS on this GPU: per entry, decode step, startup", description=bench.__doc__))
-    tune.add_arguments(sub.add_parser("tune", help="generate, build, measure candidate configs; write the plan table", description=tune.__doc__))
+    raw = argparse.RawDescriptionHelpFormatter
+    bench.add_arguments(
+        sub.add_parser("bench", help="plans vs cuBLAS on this GPU: per entry, decode step, startup", description=bench.__doc__, formatter_class=raw)
+    )
+    tune.add_arguments(
+        sub.add_parser("tune", help="generate, build, measure candidate configs; write the plan table", description=tune.__doc__, formatter_class=raw)
+    )
     return p
 
 

@@ -1,0 +1,107 @@
+"""The wheels: one per architecture, named for it, verified, installable without cutlass or a GPU.
+
+CI (.ci/run) builds the wheels with the README's own command and points
+SKINNY_WHEELS at them; without it these tests build them here (slow).
+"""
+
+import os
+import re
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from skinny_gemm.aot import verify
+from skinny_gemm.aot.build import PACKAGE_ROOT
+
+TAGS = {"sm_90a": "0sm90a", "sm_121": "0sm121"}
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory):
+    """{arch: wheel path}: from $SKINNY_WHEELS, else built here with the venv's own build deps."""
+    given = os.environ.get("SKINNY_WHEELS")
+    folder = Path(given) if given else tmp_path_factory.mktemp("dist")
+    found = {}
+    for arch, tag in TAGS.items():
+        matches = sorted(folder.glob(f"skinny_gemm-*-{tag}-py3-none-any.whl"))
+        if not matches and not given:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "wheel", str(PACKAGE_ROOT), "--no-deps", "--no-build-isolation",
+                 "-w", str(folder), "-C", f"skinny.archs={arch}"],
+                check=True, capture_output=True,
+            )
+            matches = sorted(folder.glob(f"skinny_gemm-*-{tag}-py3-none-any.whl"))
+        assert len(matches) == 1, f"expected one {arch} wheel in {folder}, found {matches}"
+        found[arch] = matches[0]
+    return found
+
+
+def test_wheel_name_and_contents_per_arch(wheels):
+    for arch, path in wheels.items():
+        assert re.fullmatch(rf"skinny_gemm-[0-9.]+-{TAGS[arch]}-py3-none-any\.whl", path.name)
+        names = zipfile.ZipFile(path).namelist()
+        archs = {n.split("/")[2] for n in names if n.startswith("skinny_gemm/artifacts/sm_")}
+        assert archs == {arch}
+        assert f"skinny_gemm/artifacts/{arch}/manifest.json" in names
+        assert "skinny_gemm/__init__.py" in names and "skinny_gemm/runtime/loader.py" in names
+        meta = zipfile.ZipFile(path).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+        requires = [line for line in meta.splitlines() if line.startswith("Requires-Dist:")]
+        assert not any("cutlass" in line and "extra ==" not in line for line in requires), requires
+
+
+def test_each_wheel_verifies(wheels):
+    for arch, path in wheels.items():
+        archs, problems = verify.verify(path)
+        assert problems == [] and archs == [arch]
+
+
+def test_tampered_wheel_fails_verify(wheels, tmp_path):
+    src = wheels["sm_90a"]
+    bad = tmp_path / src.name
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(bad, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item)
+            if item.filename.endswith(".cubin") and "flipped" not in locals():
+                data = data[:100] + bytes([data[100] ^ 1]) + data[101:]
+                flipped = item.filename
+            zout.writestr(item, data)
+    _, problems = verify.verify(bad)
+    assert len(problems) == 1 and "sha256 mismatch" in problems[0]
+
+
+IMPORT_PROBE = """
+import sys, skinny_gemm
+assert not any(m.startswith("cutlass") for m in sys.modules), "cutlass was imported"
+import torch
+x, w = torch.randn(2, 64), torch.randn(32, 64)
+assert torch.equal(skinny_gemm.linear(x, w), torch.nn.functional.linear(x, w))
+assert skinny_gemm.plan_for(4096, 4096, 1) is None  # no GPU here
+print("ok", skinny_gemm.__version__)
+"""
+
+
+def test_wheel_installs_in_fresh_venv_without_cutlass(wheels, tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = str(env_dir / "bin" / "python")
+    pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # torch first, pinned to the CPU build on this machine: the wheel's torch>=2.4
+    # is then satisfied and pip does not fetch a multi-GB CUDA build.
+    subprocess.run(pip + ["torch==2.13.0"], check=True)
+    for arch, path in wheels.items():
+        subprocess.run(pip + ["--force-reinstall", "--no-deps", str(path)], check=True)
+        subprocess.run(pip + [str(path)], check=True)
+        listed = subprocess.run([py, "-m", "pip", "list"], check=True, capture_output=True, text=True).stdout
+        assert "cutlass" not in listed.lower()
+        out = subprocess.run([py, "-c", IMPORT_PROBE], check=True, capture_output=True, text=True, cwd=tmp_path)
+        assert out.stdout.startswith("ok ")
+        ver = subprocess.run(
+            [py, "-m", "skinny_gemm", "verify"], capture_output=True, text=True, cwd=tmp_path
+        )
+        assert ver.returncode == 0, ver.stdout + ver.stderr
+        assert ver.stdout.startswith("OK ") and arch in ver.stdout
