@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import random
 import re
 import shutil
@@ -25,7 +26,6 @@ import struct
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import pytest
@@ -286,8 +286,6 @@ def _prelude() -> str:
 
 def run_py(code: str, env: dict | None = None) -> dict:
     """Run ``code`` after the prelude in a fresh interpreter; return the JSON its last line prints."""
-    import os
-
     full_env = dict(os.environ, **(env or {}))
     out = subprocess.run(
         [sys.executable, "-c", _prelude() + code], capture_output=True, text=True, timeout=300, env=full_env
