@@ -183,6 +183,48 @@ def test_vllm_config_hash_covers_the_routes():
     assert config.compute_hash() != before
 
 
+@needs_vllm
+def test_candidates_are_vllms_unquantized_method_and_the_lm_head(monkeypatch):
+    from vllm.model_executor.layers.linear import RowParallelLinear, UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        UnquantizedEmbeddingMethod,
+        VocabParallelEmbedding,
+    )
+
+    def bare(cls, prefix, bias=None):
+        # The real classes without vLLM's distributed setup: only what the plugin reads.
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer.weight = torch.nn.Parameter(torch.zeros(1024, 128, dtype=torch.bfloat16), requires_grad=False)
+        layer.bias = bias
+        layer.prefix = prefix
+        return layer
+
+    def outcome(method, layer):
+        return vllm_plugin.match_layer(method, layer, (1024, 128), torch.bfloat16, torch.device("cpu")).outcome
+
+    monkeypatch.setattr(vllm_plugin, "planned_ms", lambda n, k, device=None: (1, 2) if (n, k) == (1024, 128) else ())
+    head = bare(ParallelLMHead, "lm_head")
+    # A quant config that excludes lm_head hands it an UnquantizedLinearMethod.
+    for method in (UnquantizedEmbeddingMethod(), UnquantizedLinearMethod()):
+        assert vllm_plugin._is_candidate(method, head)
+        assert outcome(method, head) == "routed"
+    assert not vllm_plugin._is_candidate(UnquantizedEmbeddingMethod(), bare(VocabParallelEmbedding, "embed_tokens"))
+
+    class LowLatencyMethod(UnquantizedLinearMethod):
+        pass
+
+    assert not vllm_plugin._is_candidate(LowLatencyMethod(), bare(RowParallelLinear, "o_proj"))
+    with_bias = bare(RowParallelLinear, "o_proj", bias=torch.nn.Parameter(torch.zeros(1024), requires_grad=False))
+    with_bias.skip_bias_add = False
+    assert outcome(UnquantizedLinearMethod(), with_bias) == "bias"
+    chosen = UnquantizedLinearMethod()
+    chosen._gemm_impl = lambda layer, x, weight, bias=None: F.linear(x, weight, bias)
+    assert outcome(chosen, bare(RowParallelLinear, "o_proj")) == "linear backend"
+    assert outcome(UnquantizedLinearMethod(), bare(RowParallelLinear, "o_proj")) == "routed"
+
+
 def test_plugin_module_imports_neither_vllm_nor_cutlass():
     code = (
         "import importlib.util, sys;"
