@@ -10,7 +10,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import skinny_gemm
-from skinny_gemm.runtime import ops
+from skinny_gemm.runtime import loader, ops
+from test_loader import art, built, fresh  # noqa: F401  (fixtures)
 
 BF16 = torch.bfloat16
 
@@ -129,3 +130,96 @@ def test_compile_of_the_op_itself():
     x, w, r = torch.randn(2, 64, dtype=BF16), torch.randn(32, 64, dtype=BF16), torch.randn(2, 32, dtype=BF16)
     f = torch.compile(lambda x, w, r: torch.ops.skinny_gemm.linear(x, w, r), backend="aot_eager", fullgraph=True)
     assert torch.equal(f(x, w, r), F.linear(x, w) + r)
+
+
+class FakeCuda:
+    """Just enough of a CUDA tensor for ops.run's decision and launch (no memory behind it)."""
+
+    is_cuda = True
+    requires_grad = False
+
+    def __init__(self, shape, ptr, dtype=BF16, contiguous=True, neg=False):
+        self.shape, self.ptr, self.dtype, self.contiguous, self.neg = torch.Size(shape), ptr, dtype, contiguous, neg
+
+    def dim(self):
+        return len(self.shape)
+
+    def get_device(self):
+        return 0
+
+    def is_contiguous(self):
+        return self.contiguous
+
+    def data_ptr(self):
+        return self.ptr
+
+    def is_neg(self):
+        return self.neg
+
+    def numel(self):
+        return self.shape.numel()
+
+    def new_empty(self, shape):
+        return FakeCuda(shape, 0x9000)
+
+
+@pytest.fixture
+def fake_dispatch(monkeypatch, fresh, art):
+    """ops.run against a FakeDriver GPU, with FakeCuda tensors; returns (fake driver, fallback calls, a planned key)."""
+    monkeypatch.setattr(ops, "_PLAIN", ops._PLAIN + (FakeCuda,))
+    monkeypatch.setattr(ops, "_raw_stream", lambda idx: 1234)
+    monkeypatch.setattr(ops, "_current_device", lambda: 0)
+    fallbacks = []
+    monkeypatch.setattr(ops, "fallback", lambda *args: fallbacks.append(args) or "fallback")
+    fake = fresh()
+    key = next(key for key, rec in sorted(loader.DEVICES[0].table.items()) if rec.variant.pdl and key[2] > 1)
+    return fake, fallbacks, key
+
+
+def test_eager_dispatch_launches_with_the_right_arguments(fake_dispatch):
+    fake, fallbacks, (n, k, m) = fake_dispatch
+    rec = loader.DEVICES[0].table[(n, k, m)]
+    y = ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000))
+    assert fallbacks == [] and isinstance(y, FakeCuda) and y.shape == (m, n)
+    launch = fake.launches[-1]
+    assert (launch["a"], launch["w"], launch["out"], launch["residual"]) == (0x1000, 0x2000, 0x9000, 0)
+    assert (launch["n"], launch["k"], launch["stream"], launch["grid"]) == (n, k, 1234, (rec.grid, 1, 1))
+    assert launch["fn"] is rec.function
+    ops.run(FakeCuda((1, m, k), 0x1100), FakeCuda((n, k), 0x2000), FakeCuda((1, m, n), 0x3000))
+    assert fake.launches[-1]["residual"] == 0x3000 and fake.launches[-1]["a"] == 0x1100
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["misaligned x", "misaligned w", "strided x", "neg x", "fp16", "unplanned m", "residual shape", "residual misaligned"],
+)
+def test_eager_dispatch_falls_back(fake_dispatch, case):
+    fake, fallbacks, (n, k, m) = fake_dispatch
+    x, w, r = FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000), None
+    if case == "misaligned x":
+        x.ptr += 2
+    elif case == "misaligned w":
+        w.ptr += 8
+    elif case == "strided x":
+        x.contiguous = False
+    elif case == "neg x":
+        x.neg = True
+    elif case == "fp16":
+        x.dtype = w.dtype = torch.float16
+    elif case == "unplanned m":
+        x = FakeCuda((m + 64, k), 0x1000)
+    elif case == "residual shape":
+        r = FakeCuda((n,), 0x3000)
+    elif case == "residual misaligned":
+        r = FakeCuda((m, n), 0x3004)
+    assert ops.run(x, w, r) == "fallback" and len(fallbacks) == 1 and fake.launches == []
+
+
+def test_failed_launch_warns_once_and_falls_back(fake_dispatch, monkeypatch):
+    fake, fallbacks, (n, k, m) = fake_dispatch
+    monkeypatch.setattr(ops, "_failed", set())
+    fake.cuLaunchKernelEx = lambda *a: (fake.CUresult.CUDA_ERROR_INVALID_HANDLE,)
+    with pytest.warns(loader.ArtifactWarning, match="CUDA_ERROR_INVALID_HANDLE"):
+        assert ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000)) == "fallback"
+    assert (n, k, m) not in loader.DEVICES[0].table
+    assert ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000)) == "fallback"
