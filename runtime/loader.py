@@ -11,9 +11,9 @@ What loading does. For each visible GPU whose capability maps to a target
 (``manifest.ARCH_FOR_CAPABILITY``), that target's ``manifest.json`` is checked
 (schema, package version, arch) and so is each cubin (present, sha256, ELF
 arch, parameter ABI); each is loaded with ``cuLibraryLoadData``, which is
-context-independent and creates no context, and each kernel's parameter
-layout is read back with ``cuKernelGetParamInfo`` and compared with the
-manifest. Function handles need a context: a device is *bound*
+context-independent and creates no context; each kernel's parameter layout
+is read back with ``cuKernelGetParamInfo`` when the device is bound (the call
+needs a current context) and compared with the manifest. Function handles need a context: a device is *bound*
 (``cuKernelGetFunction`` under its primary context) as soon as torch has made
 that context: at load if it exists, else at the first call on that device,
 inside a graph capture too (the few binding calls run in relaxed capture mode,
@@ -200,7 +200,7 @@ def _variant_problem(directory: Path, v: Variant, want_sm: int, arch: str) -> st
 
 
 def _load_kernels(lib: Library, blobs: dict[str, bytes]) -> None:
-    """Load each accepted cubin into the driver and check its parameter layout there."""
+    """Load each accepted cubin into the driver (its parameter layout is checked at bind)."""
     d = driver
     for vid, blob in blobs.items():
         v = lib.manifest.variants[vid]
@@ -208,12 +208,6 @@ def _load_kernels(lib: Library, blobs: dict[str, bytes]) -> None:
         try:
             library = _call(d.cuLibraryLoadData, blob, None, None, 0, None, None, 0)
             handle = _call(d.cuLibraryGetKernel, library, v.symbol.encode())
-            layout = [_call(d.cuKernelGetParamInfo, handle, i) for i in range(len(v.params))]
-            expected = [(off, size) for _, off, size in v.params]
-            if layout != expected:
-                raise DriverError(f"driver reports parameter layout {layout}, manifest says {expected}")
-            if int(d.cuKernelGetParamInfo(handle, len(v.params))[0]) == 0:
-                raise DriverError(f"driver reports more than the manifest's {len(v.params)} parameters")
         except DriverError as exc:
             lib.refused[v.file] = str(exc)
             if library is not None:
@@ -364,6 +358,14 @@ class DeviceTable:
         d = driver
         v = kernel.variant
         fn = _call(d.cuKernelGetFunction, kernel.handle)
+        # cuKernelGetParamInfo needs a current context (CUDA_ERROR_INVALID_CONTEXT
+        # at load on the H200, driver 580): the layout is checked here, at bind.
+        layout = [_call(d.cuKernelGetParamInfo, kernel.handle, i) for i in range(len(v.params))]
+        expected = [(off, size) for _, off, size in v.params]
+        if layout != expected:
+            raise DriverError(f"driver reports parameter layout {layout}, manifest says {expected}")
+        if int(d.cuKernelGetParamInfo(kernel.handle, len(v.params))[0]) == 0:
+            raise DriverError(f"driver reports more than the manifest's {len(v.params)} parameters")
         attrs = d.CUfunction_attribute
         most = _call(d.cuFuncGetAttribute, attrs.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn)
         if v.block[0] * v.block[1] * v.block[2] > most:
