@@ -67,7 +67,7 @@ class LayerMatch:
 
 
 class RoutedApply:
-    """The ``apply`` installed on a routed layer's quant method: planned M to skinny_gemm.linear, all else to vLLM's own."""
+    """The ``apply`` put on a routed layer's quant method: planned M to skinny_gemm.linear, the rest to vLLM's."""
 
     def __init__(self, original):
         self.original = original
@@ -191,7 +191,7 @@ def _is_candidate(quant_method, layer) -> bool:
 
 
 def match_layer(quant_method, layer, shape, dtype, device) -> LayerMatch:
-    """Decide one layer from its loaded weight's shape, dtype and device; ``layer`` is as vLLM left it after processing."""
+    """Decide one layer from its loaded weight's shape, dtype and device; ``layer`` as vLLM's processing left it."""
     import vllm.envs as envs
     from vllm.model_executor.layers.utils import dispatch_unquantized_gemm
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
@@ -200,12 +200,16 @@ def match_layer(quant_method, layer, shape, dtype, device) -> LayerMatch:
     name = getattr(layer, "prefix", "") or type(layer).__name__
     ms = frozenset(planned_ms(n, k, device)) if dtype == torch.bfloat16 else frozenset()
     bias = getattr(layer, "bias", None)
+    # A linear layer hands its bias to apply unless skip_bias_add; an LM head
+    # gets its bias per call (LogitsProcessor's embedding_bias), which
+    # RoutedApply checks.
+    static_bias = isinstance(bias, torch.Tensor) and not getattr(layer, "skip_bias_add", False)
     weight = getattr(layer, "weight", None)
     if dtype != torch.bfloat16:
         outcome = f"dtype {str(dtype).removeprefix('torch.')}"
     elif not ms:
         outcome = NO_PLAN
-    elif isinstance(bias, torch.Tensor) and not getattr(layer, "skip_bias_add", False) and not isinstance(layer, ParallelLMHead):
+    elif static_bias and not isinstance(layer, ParallelLMHead):
         outcome = "bias"
     elif envs.VLLM_BATCH_INVARIANT:
         outcome = "VLLM_BATCH_INVARIANT"

@@ -18,7 +18,9 @@ from helpers.reference import assert_within_bound, poison_, poison_allocator, ra
 from skinny_gemm.runtime import api, ops
 from skinny_gemm.runtime.vllm_plugin import ROUTED, LayerMatch, RoutedApply, install_route
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the plugin's forward runs cubins)")
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (the plugin's forward runs cubins)"
+)
 
 
 class _VllmWeight(torch.nn.Parameter):

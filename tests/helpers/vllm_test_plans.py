@@ -1,4 +1,4 @@
-"""A test-only vLLM general plugin: gives the skinny-gemm plugin a plan table from the environment and counts routed calls.
+"""A test-only vLLM general plugin: hands the skinny-gemm plugin a plan table and counts the routed calls.
 
 The engine's worker processes are spawned, so a test cannot patch them from
 outside; vLLM loads this plugin in each of them, as it loads skinny-gemm's.

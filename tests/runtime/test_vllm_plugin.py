@@ -62,7 +62,7 @@ def _layer(n, k, ms, outcome=vllm_plugin.ROUTED, dtype=torch.bfloat16):
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.randn(n, k).to(dtype), requires_grad=False)
     method = _Method()
-    install_route(method, layer, LayerMatch(name="model.layers.0.mlp.down_proj", n=n, k=k, ms=frozenset(ms), outcome=outcome))
+    install_route(method, layer, LayerMatch("model.layers.0.mlp.down_proj", n, k, frozenset(ms), outcome))
     return layer, method
 
 
@@ -231,7 +231,8 @@ def test_plugin_module_imports_neither_vllm_nor_cutlass():
         f"spec = importlib.util.spec_from_file_location('t', {str(ROOT / 'aot' / 'source_tree.py')!r});"
         "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t); t.register();"
         "import skinny_gemm.runtime.vllm_plugin;"
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'cutlass') or m.startswith(('skinny_gemm.aot', 'skinny_gemm.kernels'))];"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'cutlass')"
+        " or m.startswith(('skinny_gemm.aot', 'skinny_gemm.kernels'))];"
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -247,8 +248,9 @@ def _load_helper():
     return module
 
 
-def _engine(helper, tmp: Path, name: str, site: Path, model: Path, env_changes: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("SKINNY_GEMM_VLLM", "VLLM_PLUGINS", "SKINNY_GEMM_TEST_PLANS")}
+def _engine(tmp: Path, name: str, site: Path, model: Path, env_changes: dict) -> dict:
+    ours = ("SKINNY_GEMM_VLLM", "VLLM_PLUGINS", "SKINNY_GEMM_TEST_PLANS")
+    env = {k: v for k, v in os.environ.items() if k not in ours}
     env.update(
         PYTHONPATH=str(site),
         VLLM_CPU_KVCACHE_SPACE="1",
@@ -275,7 +277,8 @@ def _engine(helper, tmp: Path, name: str, site: Path, model: Path, env_changes: 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    """Three engine runs on the same prompts: "on" (vLLM's own processes, as ``vllm serve``), "off" and "without" (in-process)."""
+    """Three engine runs on the same prompts: "on" (in vLLM's own processes, as ``vllm serve`` runs),
+    "off" and "without" (in-process, which is faster)."""
     helper = _load_helper()
     tmp = tmp_path_factory.mktemp("vllm")
     model = helper.write_tiny_llama(tmp / "tiny-llama")
@@ -290,7 +293,7 @@ def engines(tmp_path_factory):
     }
     # One after the other: two engines at once on 2 cores took longer (their
     # OpenMP threads contend for the same cores).
-    return {name: _engine(helper, tmp, name, s, model, e) for name, (s, e) in runs.items()}
+    return {name: _engine(tmp, name, s, model, e) for name, (s, e) in runs.items()}
 
 
 def _summary_lines(log: str) -> list[str]:
