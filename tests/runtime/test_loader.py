@@ -38,7 +38,8 @@ class FakeDriver:
     """cuda.bindings.driver for a machine with GPUs of the given capabilities; structs and enums are the real ones.
 
     It fails the test if the loader ever retains a primary context that is not active (that
-    would create a context torch has not created) or resolves a function without a current context.
+    would create a context torch has not created) or resolves a function without a current context;
+    like the H200's driver, it answers cuKernelGetParamInfo only with a context current.
     """
 
     def __init__(self, caps=((9, 0),), active=None):
@@ -112,6 +113,8 @@ class FakeDriver:
         return (R.CUDA_SUCCESS, {"symbol": sym, "params": params})
 
     def cuKernelGetParamInfo(self, kernel, index):
+        if not self.ctx_stack:  # as the H200's driver 580 answers at load, before any context is current
+            return (R.CUDA_ERROR_INVALID_CONTEXT, None, None)
         if index >= len(kernel["params"]):
             return (R.CUDA_ERROR_INVALID_VALUE, None, None)
         return (R.CUDA_SUCCESS, *kernel["params"][index])
