@@ -48,6 +48,7 @@ import contextlib
 import ctypes
 import hashlib
 import logging
+import struct
 import os
 import threading
 import time
@@ -65,6 +66,7 @@ log = logging.getLogger("skinny_gemm")
 
 ENV_ARTIFACTS = "SKINNY_GEMM_ARTIFACTS"
 EM_CUDA = 190
+SHT_NOBITS = 8
 # Dynamic shared memory above this needs an explicit opt-in per function.
 DEFAULT_SMEM_LIMIT = 48 * 1024
 
@@ -105,11 +107,24 @@ def _call(fn, *args):
 
 
 def cubin_sm(blob: bytes) -> int | None:
-    """The SM number in a cubin's ELF header (EM_CUDA, 64-bit), or None if the bytes are no cubin."""
+    """The SM number in a cubin's ELF header (EM_CUDA, 64-bit), or None if the bytes are no whole cubin.
+
+    Every section and the header tables must lie inside the blob: the driver
+    was seen to crash the process (SIGSEGV, H200, driver 580) on a cubin cut
+    short, so a damaged one must never reach cuLibraryLoadData.
+    """
     if len(blob) < 64 or blob[:4] != b"\x7fELF" or blob[4] != 2:
         return None
     if int.from_bytes(blob[18:20], "little") != EM_CUDA:
         return None
+    phoff, shoff = struct.unpack_from("<QQ", blob, 32)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", blob, 54)
+    if phoff + phentsize * phnum > len(blob) or shoff + shentsize * shnum > len(blob) or shentsize < 64:
+        return None
+    for i in range(shnum):
+        sh_type, _, _, sh_offset, sh_size = struct.unpack_from("<IQQQQ", blob, shoff + i * shentsize + 4)
+        if sh_type != SHT_NOBITS and sh_offset + sh_size > len(blob):
+            return None
     return (int.from_bytes(blob[48:52], "little") >> 8) & 0xFF
 
 

@@ -234,7 +234,13 @@ def test_fuzz_matches_f_linear(dev):
         assert (y.shape, y.dtype, y.device) == (expected.shape, expected.dtype, expected.device), what
         if rec is None:
             ran["fallback"] += 1
-            assert torch.equal(y.detach(), expected.detach()), f"{what}: fallback differs from F.linear"
+            if not torch.equal(y.detach(), expected.detach()):
+                # cuBLAS may reduce split-K in a run-dependent order (seen for fp16 1-D
+                # inputs on the H200): then F.linear differs from itself, and equality is
+                # asked of a deterministic F.linear only.
+                reruns = [F.linear(x, w, bias) + (0 if residual is None else residual) for _ in range(3)]
+                assert not all(torch.equal(r, reruns[0]) for r in reruns), f"{what}: fallback differs from F.linear"
+                torch.testing.assert_close(y.detach(), expected.detach(), msg=what)
         else:
             ran["kernel"] += 1
             assert not grad and x.dtype == BF16
