@@ -274,6 +274,9 @@ def plot(data: dict, path: Path) -> bool:
     ax.bar(range(len(rows)), [r["speedup"] for r in rows], color=[colors.get(r["m"], "gray") for r in rows])
     ax.axhline(1.0, color="black", lw=0.8)
     ax.axhline(1.05, color="gray", lw=0.8, ls="--")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=f"M={m}") for m, c in colors.items()], loc="upper right")
     ax.set_xticks(range(len(rows)), [f"{r['n']}x{r['k']} M{r['m']}" for r in rows], rotation=90, fontsize=6)
     ax.set_ylabel("speedup over cuBLAS (cold L2, graph replay)")
     ax.set_title(f"skinny-gemm plans vs cuBLAS, {data.get('gpu', '')}, {data['date']}")
