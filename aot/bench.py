@@ -254,6 +254,15 @@ def markdown(data: dict) -> str:
             f"(runs: {', '.join(f'{v:.1f}' for v in s['runs_ms'])} ms)",
             "",
         ]
+    if "jit" in data:
+        j = data["jit"]
+        lines += [
+            "## JIT compile of the same variants (CPU machine)",
+            "",
+            f"{j['variants']} {j['arch']} variants: `import cutlass.cute` {j['cutlass_import_s']:.2f} s + compile "
+            f"{j['compile_total_s']:.1f} s (median {j['compile_median_s']:.2f} s per variant; {j['note']})",
+            "",
+        ]
     return "\n".join(lines)
 
 
