@@ -17,6 +17,13 @@ def prologue(cfg, w, tidx, row0, kk):
     them and the previous kernel's tail overlaps our ramp. Everything that
     depends on the previous kernel (tokens, residual, output) comes after the wait.
     """
+    prefetch_weight(cfg, w, tidx, row0, kk)
+    wait_previous_grid(cfg)
+
+
+@cute.jit
+def prefetch_weight(cfg, w, tidx, row0, kk):
+    """The first half of ``prologue``: the bulk L2 prefetch of this CTA's weight rows (cfg.prefetch)."""
     if cutlass.const_expr(cfg.prefetch):
         if tidx == 0:
             base = w + cute.assume(row0 * kk, divby=8)
@@ -24,6 +31,15 @@ def prologue(cfg, w, tidx, row0, kk):
                 "cp.async.bulk.prefetch.L2.global [{$r0}], {$r1};",
                 read_only_args=[base.toint(), cutlass.Int32(cfg.cols_per_cta * 2) * kk],
             )
+
+
+@cute.jit
+def wait_previous_grid(cfg):
+    """The second half of ``prologue`` (cfg.pdl): let the next grid launch, wait for the previous one.
+
+    A kernel may read the weight before this (it never depends on the previous
+    kernel), but must not touch tokens, residual or output.
+    """
     if cutlass.const_expr(cfg.pdl):
         cute.arch.griddepcontrol_launch_dependents()
         cute.arch.griddepcontrol_wait()

@@ -1,17 +1,33 @@
-"""The tensor-core skinny GEMM: weight rows are the MMA's 16-wide side, tokens its 8-wide side.
+"""The tensor-core skinny GEMM: tokens are the MMA's 16-row side, weight rows its 8-wide side.
 
 Order: config (imported: ``skinny_gemm.runtime.config``, kind "mma"), kernel
 class (host launcher, device body), compile entry.
 
 Why: the SIMT kernel pays scalar FMAs and conversions for every token, so its
 cost grows with M (docs/perf.md). ``mma.sync.m16n8k16`` (bf16 in, fp32
-accumulate) takes 16 weight rows x 8 tokens per instruction: M = 1..8 cost the
-same, and no bf16->fp32 conversion is issued at all.
+accumulate) takes 8 weight rows x 16 token rows per instruction: M = 1..8 cost
+the same, and no bf16->fp32 conversion is issued at all. Token rows 8..15 of
+the A tile are zero; the tensor cores have throughput to spare, and in return a
+lane's 16-byte weight load *is* its B fragment: both B registers of an MMA hold
+the same weight row, so the loaded registers feed HMMA without a move, and
+nothing but loads in flight occupies the pipeline's registers.
 
-K permutation trick: the MMA only needs A and B to agree on which k each
-register slot holds. Each thread loads 16 contiguous bytes (8 k) of a weight
-row and 16 bytes of its token's row at the same k, and feeds the first half to
-one MMA and the second half to the next, so every global load is 16 bytes wide.
+Fragment mapping (PTX ISA m16n8k16 layouts, g = lane / 4, q = lane % 4):
+lane (g, q) loads 16 bytes (8 k) of weight row g of each 8-row tile and of
+token g, at k = 8q .. 8q+7 of every 32-k step. Words 0, 1 feed the first MMA,
+words 2, 3 the second: A = {x[2h], 0, x[2h+1], 0} (token g in row g, k slots
+2q, 2q+1 and 2q+8, 2q+9; rows g+8 zero), B = {w[2h], w[2h+1]} (column g, the
+same slots). Both sides map slot 2q+e to k 8q+4h+e and slot 2q+8+e to
+8q+4h+2+e, so they agree on every k (the "K permutation trick"), and all 16
+bytes of every load are used. The accumulator's c0, c1 are token g against
+weight rows 2q, 2q+1 of the tile; c2, c3 belong to the zero rows.
+
+K loop: each warp streams its own contiguous K range in stages of ``unroll``
+32-k steps through ``stages`` register buffers: stage s+stages-1 is loaded
+before stage s is multiplied, so a warp always has stages-1 stages of loads in
+flight while it waits for the oldest one; the loop is unrolled ``stages`` times
+so every buffer index is static (a runtime index would put the buffers in
+local memory). The first stages-1 weight loads go out before the PDL wait.
 
 Same kernel-parameter ABI as kernels/skinny_gemm.py.
 """
@@ -21,8 +37,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from ..runtime.config import KernelConfig
-from .common import compile_kernel, prologue, store_output
+from ..runtime.config import MMA_ROWS, KernelConfig
+from .common import compile_kernel, prefetch_weight, store_output, wait_previous_grid
 
 WARP = 32
 # Placeholders are written {$r0}; the outer braces are PTX's vector operands.
@@ -30,14 +46,18 @@ MMA_PTX = (
     "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
     "{{$w0}, {$w1}, {$w2}, {$w3}}, {{$r0}, {$r1}, {$r2}, {$r3}}, {{$r4}, {$r5}}, {{$r6}, {$r7}, {$r8}, {$r9}};"
 )
+# The weight is read exactly once: the read-only path, no L1 allocation (the
+# token tile, which every warp rereads, keeps L1 to itself), and a 256-byte L2
+# fetch, so the next three steps of this row are already on their way from HBM.
+LDG_STREAM_PTX = "ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];"
 
 
 class SkinnyMma:
     """One compiled variant per KernelConfig of kind "mma".
 
     Warps of a CTA: ``k_threads // 32`` split K into contiguous ranges, and
-    ``threads // k_threads`` groups each own ``cols`` weight rows (``cols / 16``
-    MMA row tiles).
+    ``threads // k_threads`` groups each own ``cols`` weight rows (``cols / 8``
+    MMA tiles).
     """
 
     def __init__(self, cfg: KernelConfig):
@@ -70,10 +90,10 @@ class SkinnyMma:
         n: cutlass.Int32,
         k: cutlass.Int32,
     ):
-        """Device body: MMA over this warp's K range, reduce the K-split warps in smem, store."""
+        """Device body: pipelined MMA over this warp's K range, reduce the K-split warps in smem, store."""
         cfg = self.cfg
-        M, UNROLL = cfg.m, cfg.unroll
-        TILES = cfg.cols // 16
+        M, D = cfg.m, cfg.stages
+        TILES = cfg.cols // MMA_ROWS
         WK = cfg.k_threads // WARP
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -81,91 +101,123 @@ class SkinnyMma:
         lane = tidx % WARP
         wk = warp % WK  # this warp's K range
         grp = warp // WK  # this warp's row group
-        r = lane // 4  # MMA row within a tile, and the token this lane feeds
+        g = lane // 4  # weight row within a tile (B column), and this lane's token (A row)
         q = lane % 4  # which 8-k slice of a 32-k step this lane loads
         row0 = bidx * cfg.cols_per_cta + grp * cfg.cols
         if cutlass.const_expr(cfg.static_k > 0):
             kk = cfg.static_k
         else:
             kk = cute.assume(k, divby=cfg.k_step)
-        prologue(cfg, w, tidx, bidx * cfg.cols_per_cta, kk)
-
-        # Lanes whose token is padding (r >= M) read token 0 and zero it: all-ones
+        r_half = kk // 2  # a weight or token row, in 32-bit words
+        # This lane's first word: its K range starts at wk * kk / WK, its slice at 8q.
+        koff = cute.assume((wk * (kk // WK) + q * 8) // 2, divby=4)
+        # Lanes whose token is padding (g >= M) read token 0 and zero it: all-ones
         # mask for real tokens, zero for padding, without a branch.
-        keep = ((cutlass.Int32(M - 1) - r) >> 31) ^ cutlass.Int32(-1)
-        tok = r & keep
-        a32 = cute.recast_ptr(a, dtype=cutlass.Int32)
-        w32 = cute.recast_ptr(w, dtype=cutlass.Int32)
-        v4 = cute.make_layout(4)
+        keep = ((cutlass.Int32(M - 1) - g) >> 31) ^ cutlass.Int32(-1)
+        w_lane = cute.recast_ptr(w, dtype=cutlass.Int32) + cute.assume((row0 + g) * r_half + koff, divby=4)
+        a_lane = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((g & keep) * r_half + koff, divby=4)
 
+        # (stage buffer, step, tile, word) i32: 8 k of weight row g per step and tile
+        wbuf = cute.make_rmem_tensor((D, cfg.unroll, TILES, 4), cutlass.Int32)
+        xbuf = cute.make_rmem_tensor((D, cfg.unroll, 4), cutlass.Int32)  # (stage buffer, step, word) i32: token g
         acc = cute.make_rmem_tensor((TILES, 4), cutlass.Float32)  # (tile, c0..c3) MMA accumulators
         acc.fill(0.0)
-        span = kk // WK  # contiguous K range of one warp
-        kstart = wk * span + q * 8
+
+        prefetch_weight(cfg, w, tidx, bidx * cfg.cols_per_cta, kk)
+        # Fill all buffers but one; the weight may be read before the PDL wait, the tokens not.
+        for j in cutlass.range_constexpr(D - 1):
+            self.load_weight(w_lane, wbuf, j, j, r_half)
+        wait_previous_grid(cfg)
+        for j in cutlass.range_constexpr(D - 1):
+            self.load_token(a_lane, xbuf, j, j)
+
+        # Trip t multiplies stages t*D .. t*D+D-1 (buffer j holds stage t*D+j);
+        # before multiplying buffer j it refills the buffer freed one step
+        # earlier with the stage D-1 ahead. The last trip only has its first
+        # refill left (the warp's last stage), so it is peeled: no load is guarded.
         if cutlass.const_expr(cfg.static_k > 0):
-            for trip in cutlass.range_constexpr(cfg.static_k // cfg.k_step):
-                self.mma_trip(a32, w32, acc, kk, row0, tok, keep, kstart + trip * (UNROLL * 32), v4)
+            for t in cutlass.range_constexpr(cfg.static_k // cfg.k_step - 1):
+                self.trip(w_lane, a_lane, wbuf, xbuf, acc, t, r_half, keep)
         else:
-            for trip in cutlass.range(kk // cfg.k_step):
-                self.mma_trip(a32, w32, acc, kk, row0, tok, keep, kstart + trip * (UNROLL * 32), v4)
+            # unroll=1: the body already is D steps; ptxas unrolling it again spilled a loop counter.
+            for t in cutlass.range(kk // cfg.k_step - 1, unroll=1):
+                self.trip(w_lane, a_lane, wbuf, xbuf, acc, t, r_half, keep)
+        last = kk // cfg.k_step * D - 1
+        self.load_weight(w_lane, wbuf, D - 1, last, r_half)
+        self.load_token(a_lane, xbuf, D - 1, last)
+        for j in cutlass.range_constexpr(D):
+            self.mma_stage(wbuf, xbuf, acc, j, keep)
 
         has_res = residual.toint() != 0
         if cutlass.const_expr(WK > 1):
-            # (groups, WK, TILES * 4, 32) fp32: each K-split warp's accumulators.
+            # (groups, WK, TILES * 2, 32) fp32: each K-split warp's c0, c1.
             sRed = cute.make_tensor(
-                cute.arch.alloc_smem(cutlass.Float32, cfg.groups * WK * TILES * 4 * WARP, alignment=16),
-                cute.make_layout((cfg.groups, WK, TILES * 4, WARP), stride=(WK * TILES * 4 * WARP, TILES * 4 * WARP, WARP, 1)),
+                cute.arch.alloc_smem(cutlass.Float32, cfg.groups * WK * TILES * 2 * WARP, alignment=16),
+                cute.make_layout(
+                    (cfg.groups, WK, TILES * 2, WARP), stride=(WK * TILES * 2 * WARP, TILES * 2 * WARP, WARP, 1)
+                ),
             )
-            for i in cutlass.range_constexpr(TILES * 4):
-                sRed[grp, wk, i, lane] = acc[i // 4, i % 4]
+            for i in cutlass.range_constexpr(TILES * 2):
+                sRed[grp, wk, i, lane] = acc[i // 2, i % 2]
             cute.arch.sync_threads()
             if wk == 0:
-                for i in cutlass.range_constexpr(TILES * 4):
-                    total = acc[i // 4, i % 4]
+                for i in cutlass.range_constexpr(TILES * 2):
+                    total = acc[i // 2, i % 2]
                     for j in cutlass.range_constexpr(1, WK):
                         total = total + sRed[grp, j, i, lane]
-                    acc[i // 4, i % 4] = total
-        if wk == 0:
-            for i in cutlass.range_constexpr(TILES * 4):
-                token = q * 2 + (i % 2)
-                if token < M:
-                    row = row0 + (i // 4) * 16 + r + ((i % 4) // 2) * 8
-                    store_output(out, residual, has_res, acc[i // 4, i % 4], token, row, n)
+                    acc[i // 2, i % 2] = total
+        if wk == 0 and g < M:
+            for i in cutlass.range_constexpr(TILES * 2):
+                row = row0 + (i // 2) * MMA_ROWS + q * 2 + i % 2
+                store_output(out, residual, has_res, acc[i // 2, i % 2], g, row, n)
 
     @cute.jit
-    def mma_trip(self, a32, w32, acc, kk, row0, tok, keep, kpos, v4):
-        """UNROLL 32-k steps: issue every 16-byte load first, then two MMAs per tile and step."""
+    def trip(self, w_lane, a_lane, wbuf, xbuf, acc, t, r_half, keep):
+        """One K-loop trip: for each buffer j, refill the buffer freed one step earlier, then multiply j."""
+        D = self.cfg.stages
+        for j in cutlass.range_constexpr(D):
+            self.load_weight(w_lane, wbuf, (j + D - 1) % D, t * D + j + D - 1, r_half)
+            self.load_token(a_lane, xbuf, (j + D - 1) % D, t * D + j + D - 1)
+            self.mma_stage(wbuf, xbuf, acc, j, keep)
+
+    @cute.jit
+    def load_weight(self, w_lane, wbuf, buf, stage, r_half):
+        """Issue stage ``stage``'s weight loads into buffer ``buf``: per step and tile, 8 k of row g."""
         cfg = self.cfg
-        TILES = cfg.cols // 16
-        r_half = kk // 2  # a weight or token row, in 32-bit words
-        xs = []  # [UNROLL] (4,) i32: this lane's token row, 8 k
-        ws = []  # [UNROLL][TILES][2] (4,) i32: weight rows r and r+8 of each tile, 8 k
-        lane_row = cute.arch.lane_idx() // 4
         for u in cutlass.range_constexpr(cfg.unroll):
-            kw = (kpos + u * 32) // 2
-            xs.append(cute.make_tensor(a32 + cute.assume(tok * r_half + kw, divby=4), v4).load())
-            ws.append(
-                [
-                    [
-                        cute.make_tensor(
-                            w32 + cute.assume((row0 + t * 16 + h * 8 + lane_row) * r_half + kw, divby=4), v4
-                        ).load()
-                        for h in range(2)
-                    ]
-                    for t in range(TILES)
-                ]
-            )
+            for t in cutlass.range_constexpr(cfg.cols // MMA_ROWS):
+                off = cute.assume(t * MMA_ROWS * r_half + (stage * cfg.unroll + u) * 16, divby=4)
+                v = cute.arch.inline_ptx(
+                    LDG_STREAM_PTX, write_only_types=[cutlass.Int32] * 4, read_only_args=[(w_lane + off).toint()]
+                )
+                for e in cutlass.range_constexpr(4):
+                    wbuf[buf, u, t, e] = v[e]
+
+    @cute.jit
+    def load_token(self, a_lane, xbuf, buf, stage):
+        """Issue stage ``stage``'s token loads into buffer ``buf``: per step, 8 k of token g (L1 hits but the first)."""
+        cfg = self.cfg
         for u in cutlass.range_constexpr(cfg.unroll):
-            b = [xs[u][e] & keep for e in range(4)]
-            for t in cutlass.range_constexpr(TILES):
-                lo, hi = ws[u][t]
-                for half in cutlass.range_constexpr(2):
+            off = cute.assume((stage * cfg.unroll + u) * 16, divby=4)
+            v = cute.make_tensor(a_lane + off, cute.make_layout(4)).load()
+            for e in cutlass.range_constexpr(4):
+                xbuf[buf, u, e] = v[e]
+
+    @cute.jit
+    def mma_stage(self, wbuf, xbuf, acc, buf, keep):
+        """Two MMAs per step and tile on buffer ``buf`` (the first waits for its loads)."""
+        cfg = self.cfg
+        zero = cutlass.Int32(0)
+        for u in cutlass.range_constexpr(cfg.unroll):
+            x = [xbuf[buf, u, e] & keep for e in range(4)]
+            for t in cutlass.range_constexpr(cfg.cols // MMA_ROWS):
+                for h in cutlass.range_constexpr(2):
                     c = cute.arch.inline_ptx(
                         MMA_PTX,
                         write_only_types=[cutlass.Float32] * 4,
                         read_only_args=[
-                            lo[2 * half], hi[2 * half], lo[2 * half + 1], hi[2 * half + 1],
-                            b[2 * half], b[2 * half + 1],
+                            x[2 * h], zero, x[2 * h + 1], zero,
+                            wbuf[buf, u, t, 2 * h], wbuf[buf, u, t, 2 * h + 1],
                             acc[t, 0], acc[t, 1], acc[t, 2], acc[t, 3],
                         ],
                     )

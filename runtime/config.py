@@ -20,9 +20,10 @@ REGISTER_BUDGET = 168
 MAX_STATIC_TRIPS = 64
 MAX_M = 8
 KINDS = ("simt", "mma")
-# mma.sync.m16n8k16: a warp's tile is 16 weight rows x 8 tokens x 16 k; one
-# 16-byte load per lane feeds two MMAs, so a warp step covers 32 k.
-MMA_ROWS, MMA_K_STEP = 16, 32
+# mma.sync.m16n8k16 with the tokens as its 16-row side (rows >= M are zero): a
+# warp's tile is 8 weight rows x 16 token rows x 16 k; one 16-byte load per lane
+# feeds two MMAs, so a warp step covers 32 k.
+MMA_ROWS, MMA_K_STEP = 8, 32
 
 
 class ConfigError(ValueError):
@@ -38,7 +39,10 @@ class KernelConfig:
     split into ``threads // k_threads`` groups; each group owns ``cols`` output
     columns and its ``k_threads`` threads split K between them, ``vec`` elements
     per load, ``unroll`` loads per column in flight. For "mma", threads come in
-    whole warps along K, ``cols`` is a multiple of 16 and ``vec`` is 8. ``static_k`` 0 means K is a runtime value; otherwise the K loop is
+    whole warps along K, ``cols`` is a multiple of 8 and ``vec`` is 8; a pipeline
+    stage is ``unroll`` 32-k steps and ``stages`` of them are in flight per warp
+    (register buffers, software-pipelined K loop; 1 = load a stage, then use it).
+    ``static_k`` 0 means K is a runtime value; otherwise the K loop is
     fully unrolled for exactly that K. ``pdl`` launches with programmatic
     dependent launch (the kernel waits on the previous grid only before it
     touches tokens, residual or output); ``prefetch`` has each CTA start a bulk
@@ -55,6 +59,7 @@ class KernelConfig:
     static_k: int = 0
     pdl: bool = True
     prefetch: bool = True
+    stages: int = 1
 
     @property
     def groups(self) -> int:
@@ -70,16 +75,21 @@ class KernelConfig:
     def k_step(self) -> int:
         """K elements consumed by one trip of the (unrolled) K loop."""
         if self.kind == "mma":
-            return self.k_threads // 32 * MMA_K_STEP * self.unroll
+            return self.k_threads // 32 * MMA_K_STEP * self.unroll * self.stages
         return self.k_threads * self.vec * self.unroll
 
     @property
     def name(self) -> str:
-        """The variant name: every field changes it; also the kernel symbol's stem."""
+        """The variant name: every field changes it; also the kernel symbol's stem.
+
+        Fields added later append a part only when they differ from their
+        default, so names (and plan tables) made before them stay valid.
+        """
         k = f"k{self.static_k}" if self.static_k else "kdyn"
         return (
             f"{self.kind}_m{self.m}_t{self.threads}_kt{self.k_threads}_c{self.cols}_v{self.vec}"
             f"_u{self.unroll}_{k}_{'pdl' if self.pdl else 'nopdl'}{'_pf' if self.prefetch else ''}"
+            f"{f'_s{self.stages}' if self.stages != 1 else ''}"
         )
 
     @property
@@ -108,7 +118,7 @@ class KernelConfig:
 
         With ``n``/``k`` it also checks that this config can run that shape.
         """
-        for field in ("m", "threads", "k_threads", "cols", "vec", "unroll"):
+        for field in ("m", "threads", "k_threads", "cols", "vec", "unroll", "stages"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"rule 'positive': {field}={value!r} must be a positive int")
@@ -133,10 +143,12 @@ class KernelConfig:
                     f"rule 'mma tile': k_threads={self.k_threads} must be whole warps, vec={self.vec} must be 8 "
                     f"and cols={self.cols} a multiple of {MMA_ROWS}"
                 )
-            # accumulators (4 per 16-row tile) + per step: 2 weight rows x 4 words per tile + 4 token words
-            regs = self.cols // 4 + self.unroll * (self.cols // 2 + 4)
-            rule = "cols/4 + unroll*(cols/2 + 4)"
+            # accumulators (4 per 8-row tile) + per buffered step: 4 weight words per tile + 4 token words
+            regs = self.cols // 2 + self.stages * self.unroll * (self.cols // 2 + 4)
+            rule = "cols/2 + stages*unroll*(cols/2 + 4)"
         else:
+            if self.stages != 1:
+                raise ConfigError(f"rule 'stages': stages={self.stages} must be 1 for kind 'simt' (no pipelined K loop)")
             if self.k_threads > 32 and self.m * self.cols > self.k_threads:
                 raise ConfigError(
                     f"rule 'reduction lanes': m*cols={self.m * self.cols} outputs exceed k_threads={self.k_threads}"
