@@ -36,13 +36,15 @@ SMS, INFLIGHT_PER_SM = 132, 48 * 1024
 
 
 def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most 50): the pipelined mma kernel, plus the SIMT kernel.
+    """Candidate configs for one cell (at most 60): the pipelined mma kernel, plus the SIMT kernel.
 
-    mma: per pipeline, the K split (warps per row tile) that first puts
-    INFLIGHT_PER_SM in flight, one step less and one more, with and without
-    the L2 prefetch. More K split than that only shortens each warp's stream;
-    less leaves HBM idle. One row group per CTA: CTA size only sets the
-    scheduling grain, and every N divisible by 8 stays valid (3336 = 8 * 417).
+    mma: per pipeline, four K splits (warps per row tile): one less than the
+    first that puts INFLIGHT_PER_SM in flight, and two more; each with and
+    without the L2 prefetch. Less K split leaves HBM idle; more shortens each
+    warp's stream, which pays where the grid runs in several waves: a last,
+    partial wave is latency-bound, so its warps should be short. One row
+    group per CTA: CTA size only sets the scheduling grain, and every N
+    divisible by 8 stays valid (3336 = 8 * 417).
     """
     found = []
     for cols, stages in MMA_PIPES:
@@ -59,7 +61,8 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
             n // c.cols * c.k_threads // 32 * c.stages * c.unroll * c.cols // MMA_ROWS * 512 / SMS for c in split
         ]
         first = next((i for i, b in enumerate(inflight) if b >= INFLIGHT_PER_SM), len(split) - 1)
-        for cfg in split[max(first - 1, 0) : first + 2]:
+        lo = max(first - 1, 0)
+        for cfg in split[lo : lo + 4]:
             for prefetch in (True, False):
                 found.append(dataclasses.replace(cfg, prefetch=prefetch))
     # The SIMT kernel wastes nothing on token padding and can give one CTA a
