@@ -207,7 +207,9 @@ class SkinnyMma:
     def mma_stage(self, wbuf, xbuf, acc, buf, keep):
         """Two MMAs per step and tile on buffer ``buf`` (the first waits for its loads)."""
         cfg = self.cfg
-        zero = cutlass.Int32(0)
+        # A register, not a constant: an Int32 constant becomes an immediate inside
+        # the MMA's operand vector, which this ptxas accepts but PTX does not promise.
+        zero = cute.arch.inline_ptx("mov.b32 {$w0}, 0;", write_only_types=[cutlass.Int32])
         for u in cutlass.range_constexpr(cfg.unroll):
             x = [xbuf[buf, u, e] & keep for e in range(4)]
             for t in cutlass.range_constexpr(cfg.cols // MMA_ROWS):
