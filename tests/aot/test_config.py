@@ -71,6 +71,7 @@ def _variants(cfg):
         "static_k": 4096,
         "pdl": not cfg.pdl,
         "prefetch": not cfg.prefetch,
+        "stages": 2,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes
