@@ -8,6 +8,36 @@ from cutlass.cute.runtime import make_ptr
 from cutlass.cute.typing import AddressSpace
 
 
+class Launcher:
+    """The host side every kernel class shares: the config, its check, and the launch.
+
+    Subclasses define ``kernel`` (the device body) with the shared ABI
+    ``(a, w, out, residual, n, k)``; grid = n / columns per CTA, one block of
+    cfg.threads, no dynamic shared memory (the manifest records the same).
+    """
+
+    def __init__(self, cfg):
+        cfg.check()
+        self.cfg = cfg
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Pointer,
+        w: cute.Pointer,
+        out: cute.Pointer,
+        residual: cute.Pointer,
+        n: cutlass.Int32,
+        k: cutlass.Int32,
+    ):
+        """Host launcher: the kernel gets the plain symbol ``skinny_<variant name>_0``."""
+        # The prefix lives on the (shared) function object: set it per trace.
+        self.kernel.set_name_prefix(f"skinny_{self.cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
+        self.kernel(a, w, out, residual, n, k).launch(
+            grid=(n // self.cfg.cols_per_cta, 1, 1), block=(self.cfg.threads, 1, 1)
+        )
+
+
 @cute.jit
 def prologue(cfg, w, tidx, row0, kk):
     """Prefetch this CTA's weight rows to L2 (cfg.prefetch), then wait for the previous grid (cfg.pdl).

@@ -15,32 +15,13 @@ import cutlass
 import cutlass.cute as cute
 
 from ..runtime.config import KernelConfig
-from .common import compile_kernel, prologue, store_output
+from .common import Launcher, compile_kernel, prologue, store_output
 
 WARP = 32
 
 
-class SkinnyGemm:
+class SkinnyGemm(Launcher):
     """One compiled variant per KernelConfig; M, the split and the loop shape are baked in."""
-
-    def __init__(self, cfg: KernelConfig):
-        cfg.check()
-        self.cfg = cfg
-
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Pointer,
-        w: cute.Pointer,
-        out: cute.Pointer,
-        residual: cute.Pointer,
-        n: cutlass.Int32,
-        k: cutlass.Int32,
-    ):
-        """Host launcher: grid = n / columns per CTA, one block of cfg.threads."""
-        # The prefix lives on the (shared) function object: set it per trace.
-        self.kernel.set_name_prefix(f"skinny_{self.cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
-        self.kernel(a, w, out, residual, n, k).launch(grid=(n // self.cfg.cols_per_cta, 1, 1), block=(self.cfg.threads, 1, 1))
 
     @cute.kernel
     def kernel(

@@ -38,7 +38,7 @@ import cutlass
 import cutlass.cute as cute
 
 from ..runtime.config import MMA_ROWS, KernelConfig
-from .common import compile_kernel, prefetch_weight, store_output, wait_previous_grid
+from .common import Launcher, compile_kernel, prefetch_weight, store_output, wait_previous_grid
 
 WARP = 32
 # Placeholders are written {$r0}; the outer braces are PTX's vector operands.
@@ -52,33 +52,13 @@ MMA_PTX = (
 LDG_STREAM_PTX = "ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];"
 
 
-class SkinnyMma:
+class SkinnyMma(Launcher):
     """One compiled variant per KernelConfig of kind "mma".
 
     Warps of a CTA: ``k_threads // 32`` split K into contiguous ranges, and
     ``threads // k_threads`` groups each own ``cols`` weight rows (``cols / 8``
     MMA tiles).
     """
-
-    def __init__(self, cfg: KernelConfig):
-        cfg.check()
-        self.cfg = cfg
-
-    @cute.jit
-    def __call__(
-        self,
-        a: cute.Pointer,
-        w: cute.Pointer,
-        out: cute.Pointer,
-        residual: cute.Pointer,
-        n: cutlass.Int32,
-        k: cutlass.Int32,
-    ):
-        """Host launcher: grid = n / columns per CTA, one block of cfg.threads."""
-        self.kernel.set_name_prefix(f"skinny_{self.cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
-        self.kernel(a, w, out, residual, n, k).launch(
-            grid=(n // self.cfg.cols_per_cta, 1, 1), block=(self.cfg.threads, 1, 1)
-        )
 
     @cute.kernel
     def kernel(
