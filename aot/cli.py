@@ -43,8 +43,13 @@ def cmd_build(args) -> int:
 
 def cmd_verify(args) -> int:
     """Check a build dir or wheel; one line per problem, non-zero exit if any."""
-    from .build import PACKAGE_ROOT
-    from .verify import verify
+    try:
+        from .build import PACKAGE_ROOT
+        from .verify import verify
+    except ModuleNotFoundError as exc:
+        # Seen after `pip install --no-deps`: the wheel declares these, a no-deps install skips them.
+        print(f"error: verify needs {exc.name} (pip install {exc.name.replace('elftools', 'pyelftools')})", file=sys.stderr)
+        return 2
 
     status = 0
     for path in args.paths or [PACKAGE_ROOT / "artifacts"]:
