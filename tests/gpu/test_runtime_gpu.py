@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 import skinny_gemm
-from helpers.reference import allowed, assert_within_bound, poison_, poison_allocator, random_tensor
+from helpers.reference import allowed, assert_within_bound, reference, poison_, poison_allocator, random_tensor
 from skinny_gemm.runtime import diagnostics, loader, ops
 from skinny_gemm.runtime.manifest import ARCH_FOR_CAPABILITY, MANIFEST_NAME
 
@@ -241,9 +241,13 @@ def test_fuzz_matches_f_linear(dev):
                 reruns = [F.linear(x, w, bias) + (0 if residual is None else residual) for _ in range(3)]
                 assert not all(torch.equal(r, reruns[0]) for r in reruns), f"{what}: fallback differs from F.linear"
                 extra = bias if residual is None else (residual if bias is None else residual + bias)
+                extra = None if extra is None else extra.expand(expected.shape)
                 ref, bound = allowed(x, w.detach(), extra, rounded_before_residual=True)
-                # Near the dtype's largest value a run-dependent sum may or may not overflow to inf.
-                overflow = (ref.abs() >= torch.finfo(y.dtype).max * (1 - 2.0**-8)) & y.isinf()
+                prod = reference(x, w.detach())[0]
+                # Near the dtype's largest value a run-dependent sum (the product, rounded
+                # before the residual is added) may or may not overflow to inf.
+                edge = torch.finfo(y.dtype).max * (1 - 2.0**-8)
+                overflow = ((ref.abs() >= edge) | (prod.abs() >= edge)) & y.isinf()
                 ok = ((y.detach().double() - ref).abs() <= bound) | overflow
                 assert bool(ok.all()), f"{what}: {int((~ok).sum())} fallback outputs off F.linear's own bound"
         else:
@@ -366,7 +370,7 @@ def test_very_first_call_inside_capture_binds():
         "load_skinny_gemm()\n"
         "import skinny_gemm\n"
         "from skinny_gemm.runtime import loader, ops\n"
-        "from helpers.reference import allowed, assert_within_bound, poison_, random_tensor\n"
+        "from helpers.reference import allowed, assert_within_bound, reference, poison_, random_tensor\n"
         "x0 = torch.empty(1, device='cuda')\n"
         "dev = loader.DEVICES[torch.cuda.current_device()]\n"
         "(n, k, m) = sorted(dev.library.manifest.plans)[0]\n"
@@ -503,7 +507,7 @@ def test_tampered_artifacts_refused_on_the_real_driver(dev, tmp_path):
         "import torch, warnings\n"
         "load_skinny_gemm()\n"
         "from skinny_gemm.runtime import loader\n"
-        "from helpers.reference import allowed, assert_within_bound, poison_, random_tensor\n"
+        "from helpers.reference import allowed, assert_within_bound, reference, poison_, random_tensor\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
         f"    table = loader.load_dir({str(directory)!r}, torch.cuda.current_device())\n"
