@@ -172,5 +172,10 @@ class KernelConfig:
                 raise ConfigError(f"rule 'k divisible': K={k} is not a multiple of the K step={self.k_step}")
             if self.static_k and k != self.static_k:
                 raise ConfigError(f"rule 'static k': K={k} differs from the baked-in static_k={self.static_k}")
+        if n is not None and n < 1:
+            raise ConfigError(f"rule 'n positive': N={n} must be at least 1")
+        if n is not None and k is not None and n * k >= 2**31:
+            # The kernels index the weight with 32-bit element offsets.
+            raise ConfigError(f"rule 'int32 offsets': N*K={n * k} elements must stay below 2^31")
         if n is not None and n % self.cols_per_cta:
             raise ConfigError(f"rule 'n divisible': N={n} is not a multiple of columns per CTA={self.cols_per_cta}")

@@ -508,6 +508,7 @@ def load() -> State:
         except Exception as exc:  # never break torch's CUDA init or an import: fall back instead
             STATE.error = f"{type(exc).__name__}: {exc}"
             DEVICES.clear()
+            pending.append(([f"loading failed: {STATE.error}"], "all artifacts"))
         STATE.seconds = time.perf_counter() - start
         STATE.loaded = True
     # Warned once the state is complete, so warnings-as-errors cannot leave it half loaded.

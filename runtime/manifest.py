@@ -101,7 +101,8 @@ def parse(path: Path, expected_version: str | None = None, expected_arch: str | 
         raise ManifestError(f"{path}: manifest is for {arch}, expected {expected_arch}")
     if tuple(raw.get("capability", ())) != CAPABILITY_FOR_ARCH[arch]:
         raise ManifestError(f"{path}: capability {raw.get('capability')} does not match arch {arch}")
-    abi = [tuple(p) for p in raw.get("abi", {}).get("params", [])]
+    abi_raw = raw.get("abi")
+    abi = [tuple(p) for p in abi_raw.get("params", [])] if isinstance(abi_raw, dict) else []
     if [(n, o, s) for n, o, s in abi] != [tuple(p) for p in PARAMS]:
         raise ManifestError(f"{path}: parameter ABI {abi} differs from this runtime's {list(PARAMS)}")
     variants = {}
@@ -133,7 +134,7 @@ def parse(path: Path, expected_version: str | None = None, expected_arch: str | 
             if variants[p["variant"]].config.m != key[2]:
                 raise ManifestError(f"{path}: plan {key} maps to variant {p['variant']} built for another M")
             plans[key] = p["variant"]
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ManifestError(f"{path}: malformed manifest ({exc!r})") from None
     except ConfigError as exc:
         raise ManifestError(f"{path}: invalid config: {exc}") from None

@@ -53,6 +53,10 @@ def test_shape_rules_name_the_rule():
         cfg.check(n=4102, k=4096)
     with pytest.raises(ConfigError, match="rule 'k divisible'"):
         cfg.check(n=4096, k=4000)
+    with pytest.raises(ConfigError, match="rule 'n positive'"):
+        cfg.check(n=0, k=4096)
+    with pytest.raises(ConfigError, match="rule 'int32 offsets'"):
+        cfg.check(n=1 << 20, k=4096)
     static = dataclasses.replace(cfg, static_k=4096)
     with pytest.raises(ConfigError, match="rule 'static k'"):
         static.check(n=4096, k=8192)

@@ -110,3 +110,12 @@ def test_cli_exit_codes(built, build_copy):
     )
     assert bad.returncode == 1
     assert [line for line in bad.stdout.splitlines() if line.startswith("FAIL ")]
+
+
+def test_malformed_manifest_is_one_line_not_a_traceback(build_copy):
+    man_path = build_copy / "sm_90a" / "manifest.json"
+    good = json.loads(man_path.read_text())
+    for breakage in ({"abi": []}, {"plans": [{"n": "many", "k": 1, "m": 1, "variant": "x"}]}):
+        man_path.write_text(json.dumps({**good, **breakage}))
+        problems = _problems(build_copy)
+        assert len(problems) == 1 and problems[0].startswith(f"{man_path}: "), problems
