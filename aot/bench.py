@@ -55,6 +55,7 @@ def bench_entries(trials: int, progress: bool) -> list[dict]:
 
     import skinny_gemm
 
+    from ..runtime import ops
     from . import measure as ms
 
     man = skinny_gemm.manifest()
@@ -70,6 +71,9 @@ def bench_entries(trials: int, progress: bool) -> list[dict]:
         inputs = ms.make_inputs(n, k, ms_, device)
         for m in ms_:
             x = inputs.tokens[m]
+            if ops.plan(x, inputs.weights[0]) is None:
+                # A silent fallback would be published as kernel time.
+                raise SystemExit(f"bench: ({n}, {k}, {m}) is planned but would not dispatch; see `skinny-gemm env`")
             cublas = ms.capture([(lambda w=w: torch.mm(x, w.T)) for w in inputs.weights])
             plan = ms.capture([(lambda w=w: skinny_gemm.linear(x, w)) for w in inputs.weights])
             copies = len(inputs.weights)

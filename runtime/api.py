@@ -17,7 +17,12 @@ loader.install_hook()
 
 
 def linear(x, weight, bias=None, residual=None):
-    """Same result as F.linear(x, weight, bias) (+ residual); a planned cubin runs when one fits exactly."""
+    """Same result as F.linear(x, weight, bias) (+ residual); a planned cubin runs when one fits exactly.
+
+    The kernel may read ``weight`` before the kernel launched just before it on
+    the stream has finished (programmatic dependent launch): the weight must not
+    be written by that kernel, which holds for model parameters.
+    """
     if bias is None:
         if not ops.tracing():
             return ops.run(x, weight, residual)
