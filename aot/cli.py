@@ -166,4 +166,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `skinny-gemm list | head`: the reader left; not an error
+        sys.stderr.close()
+        return 0
