@@ -190,8 +190,8 @@ def _check(lib, cfg: KernelConfig, n: int, k: int, m: int, device, ms) -> int:
     return bad
 
 
-def write_plan(results: Path, min_speedup: float = MIN_SPEEDUP) -> tuple[Path, int, int]:
-    """Turn measured results into kernels/plans/<arch>.json; return (path, planned cells, cells left on cuBLAS)."""
+def write_plan(results: Path, min_speedup: float = MIN_SPEEDUP, out: Path | None = None) -> tuple[Path, int, int]:
+    """Turn measured results into kernels/plans/<arch>.json (or ``out``); return (path, planned, left on cuBLAS)."""
     from . import plans
     from .plans import PlanEntry
 
@@ -225,7 +225,7 @@ def write_plan(results: Path, min_speedup: float = MIN_SPEEDUP) -> tuple[Path, i
         "dtype": "bfloat16",
         "source": f"skinny-gemm tune on {data['gpu']}, {data['date']}; cells under {min_speedup}x stay on cuBLAS",
     }
-    path = plans.plan_path(arch)
+    path = Path(out) if out else plans.plan_path(arch)
     path.write_text(plans.render(header, entries))
     return path, len(entries), skipped
 

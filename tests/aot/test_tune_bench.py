@@ -1,0 +1,89 @@
+"""The tuner's and the bench's CPU side: candidates, the plan it writes, the decode-step order, the report."""
+
+import json
+
+from skinny_gemm.aot import bench, plans, tune
+from skinny_gemm.aot.build import PACKAGE_ROOT
+
+SHAPES = {
+    "linears": {
+        name: {"calls_per_step": calls, "tp": {"4": [n, k], "8": [n // 2, k]}}
+        for name, calls, n, k in [
+            ("kda_in_proj", 34, 6416, 4096),
+            ("kda_f_b_proj", 34, 2048, 128),
+            ("kda_g_b_proj", 34, 2048, 128),
+            ("kda_o_proj", 34, 4096, 2048),
+            ("mla_fused_qkv_a", 11, 2048, 4096),
+            ("mla_q_b_proj", 11, 4096, 1536),
+            ("indexer_wq_b", 11, 4096, 1536),
+            ("indexer_wk", 11, 160, 4096),
+            ("mla_o_proj", 11, 4096, 4096),
+            ("lm_head", 1, 38720, 4096),
+        ]
+    }
+}
+
+
+def test_candidates_are_valid_and_bounded():
+    for n, k, m in [(160, 4096, 1), (2048, 128, 4), (4096, 4096, 3), (38720, 4096, 2)]:
+        cands = tune.candidates(n, k, m)
+        assert 1 <= len(cands) <= 60
+        assert len(set(cands)) == len(cands)
+        for cfg in cands:
+            cfg.check(n=n, k=k)
+            assert cfg.m == m
+        assert {c.kind for c in cands} == {"simt", "mma"}
+
+
+def test_committed_plan_is_the_tuners_output(tmp_path):
+    """kernels/plans/sm_90a.json is exactly what `tune write` makes of the committed H200 results."""
+    results = PACKAGE_ROOT / "docs" / "results" / "tune-sm_90a-h200.json"
+    out = tmp_path / "sm_90a.json"
+    path, planned, skipped = tune.write_plan(results, out=out)
+    assert out.read_text() == plans.plan_path("sm_90a").read_text()
+    _, entries = plans.load(out)
+    assert planned == len(entries) and planned + skipped == len(json.loads(results.read_text())["cells"])
+    for e in entries:
+        assert e.provenance["kind"] == "measured" and e.provenance["speedup"] >= tune.MIN_SPEEDUP
+        assert e.provenance["gpu"] == "NVIDIA H200"
+
+
+def test_write_plan_keeps_only_cells_that_win(tmp_path):
+    results = {
+        "arch": "sm_90a",
+        "gpu": "test GPU",
+        "date": "2026-11-29",
+        "method": "synthetic",
+        "cells": [
+            {"n": 4096, "k": 4096, "m": 1, "cublas_us": 10.0,
+             "candidates": {"a": {"config": tune.candidates(4096, 4096, 1)[0].to_json(), "bad_elements": 0, "us": 9.9}}},
+            {"n": 4096, "k": 4096, "m": 2, "cublas_us": 10.0,
+             "candidates": {"a": {"config": tune.candidates(4096, 4096, 2)[0].to_json(), "bad_elements": 3, "us": 5.0}}},
+            {"n": 4096, "k": 4096, "m": 3, "cublas_us": 10.0,
+             "candidates": {"a": {"config": tune.candidates(4096, 4096, 3)[0].to_json(), "bad_elements": 0, "us": 8.0}}},
+        ],
+    }
+    src = tmp_path / "results.json"
+    src.write_text(json.dumps(results))
+    _, planned, skipped = tune.write_plan(src, out=tmp_path / "plan.json")
+    assert (planned, skipped) == (1, 2)  # 1.01x is under 1.05x; a wrong result never wins
+    _, entries = plans.load(tmp_path / "plan.json")
+    assert [(e.m, e.provenance["speedup"]) for e in entries] == [(3, 1.25)]
+
+
+def test_decode_order_is_one_step():
+    for tp in (4, 8):
+        order = bench.decode_order(SHAPES, tp)
+        assert len(order) == 192
+        counts = {}
+        for name, _, _ in order:
+            counts[name] = counts.get(name, 0) + 1
+        assert counts == {name: v["calls_per_step"] for name, v in SHAPES["linears"].items()}
+        assert order[-1][0] == "lm_head"
+
+
+def test_report_renders_the_committed_bench():
+    data = json.loads((PACKAGE_ROOT / "docs" / "results" / "bench-h200.json").read_text())
+    text = bench.markdown(data)
+    assert "52 cells" in text and "Decode step" in text and "Startup" in text
+    assert abs(bench.geomean([2.0, 8.0]) - 4.0) < 1e-12
