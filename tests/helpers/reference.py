@@ -10,28 +10,10 @@ from __future__ import annotations
 
 import torch
 
-BF16_UNIT = 2.0**-8
-ACCUMULATION = 2.0**-16
-
-
-def reference(x, w, residual=None):
-    """(ref, mag, prod): float64 x @ w^T (+ residual), |x| @ |w|^T, and x @ w^T alone; x may have leading dims."""
-    xd = x.reshape(-1, x.shape[-1]).double()
-    wd = w.double()
-    prod = xd @ wd.T
-    mag = xd.abs() @ wd.abs().T
-    ref = prod if residual is None else prod + residual.reshape(prod.shape).double()
-    shape = tuple(x.shape[:-1]) + (w.shape[0],)
-    return ref.reshape(shape), mag.reshape(shape), prod.reshape(shape)
-
-
-def allowed(x, w, residual=None, rounded_before_residual=False):
-    """(ref, bound): the float64 reference and the elementwise error each output may have."""
-    ref, mag, prod = reference(x, w, residual)
-    bound = BF16_UNIT * ref.abs() + ACCUMULATION * mag
-    if rounded_before_residual and residual is not None:
-        bound = bound + BF16_UNIT * prod.abs()
-    return ref, bound
+# One implementation of the reference, the bound and the random inputs serves
+# the tuner and the tests: it ships in the wheel, so the GPU suite run from an
+# installed wheel imports it from there.
+from skinny_gemm.aot.measure import ACCUMULATION, BF16_UNIT, allowed, random_case, random_tensor, reference  # noqa: F401
 
 
 def assert_within_bound(y, x, w, residual=None, rounded_before_residual=False, what=""):
@@ -57,20 +39,3 @@ def poison_allocator(shape, device, dtype=torch.bfloat16):
     """Leave a NaN-filled freed block of this size in torch's caching allocator, which the next
     allocation of the same size (an output made inside skinny_gemm.linear) most likely reuses."""
     torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-
-def random_tensor(shape, device, scale=1.0, outliers=True, generator=None, dtype=torch.bfloat16):
-    """Gaussian values times ``scale``; with outliers, about 1 in 500 entries is 32x larger (sign kept)."""
-    t = torch.randn(shape, device=device, generator=generator) * scale
-    if outliers and t.numel():
-        mask = torch.rand(shape, device=device, generator=generator) < 0.002
-        t = torch.where(mask, t * 32, t)
-    return t.to(dtype)
-
-
-def random_case(m, n, k, device, scale=1.0, residual=False, generator=None, dtype=torch.bfloat16):
-    """Tokens x [m, k] (scaled, outliers), weight w [n, k] (0.05 scale, outliers), residual [m, n] or None."""
-    x = random_tensor((m, k), device, scale, generator=generator, dtype=dtype)
-    w = random_tensor((n, k), device, 0.05, generator=generator, dtype=dtype)
-    r = random_tensor((m, n), device, scale, generator=generator, dtype=dtype) if residual else None
-    return x, w, r
