@@ -23,31 +23,6 @@ from pathlib import Path
 
 SECTIONS = ("entries", "decode", "startup")
 DECODE_MS = (1, 2, 4)
-# sm_90a seed set (DESIGN.md): the FP8 checkpoint keeps these linears in BF16.
-KDA_LAYER = ("kda_in_proj", "kda_f_b_proj", "kda_g_b_proj", "kda_o_proj")
-MLA_LAYER = ("mla_fused_qkv_a", "mla_q_b_proj", "indexer_wq_b", "indexer_wk", "mla_o_proj")
-
-
-def decode_order(shapes: dict, tp: int) -> list[tuple[str, int, int]]:
-    """The BF16 GEMMs of one decode step in layer order: (name, n, k) per call.
-
-    34 KDA and 11 MLA layers; the exact interleave is not in the shapes file, so
-    MLA layers are spread evenly (one after every three KDA layers), then the LM head.
-    """
-    lin = shapes["linears"]
-    kda, mla = lin["kda_in_proj"]["calls_per_step"], lin["mla_fused_qkv_a"]["calls_per_step"]
-    order, k_left, m_left = [], kda, mla
-    while k_left or m_left:
-        for _ in range(min(3, k_left)):
-            order += [(name, *lin[name]["tp"][str(tp)]) for name in KDA_LAYER]
-            k_left -= 1
-        if m_left:
-            order += [(name, *lin[name]["tp"][str(tp)]) for name in MLA_LAYER]
-            m_left -= 1
-    order.append(("lm_head", *lin["lm_head"]["tp"][str(tp)]))
-    return order
-
-
 def bench_entries(trials: int, progress: bool) -> list[dict]:
     """Every planned (n, k, m) on this GPU: skinny_gemm.linear vs torch.mm, cold L2, graph replay."""
     import torch
@@ -109,6 +84,7 @@ def bench_decode(shapes_file: Path, trials: int, progress: bool) -> list[dict]:
     import skinny_gemm
 
     from . import measure as ms
+    from . import plans
 
     shapes = json.loads(Path(shapes_file).read_text())
     device = torch.device("cuda", torch.cuda.current_device())
@@ -116,7 +92,7 @@ def bench_decode(shapes_file: Path, trials: int, progress: bool) -> list[dict]:
     combos = [(tp, m) for tp in (4, 8) for m in DECODE_MS]
     bar = tqdm(total=len(combos), desc="decode", unit="step", disable=not progress)
     for tp, m in combos:
-        order = decode_order(shapes, tp)
+        order = plans.decode_order(shapes, tp)
         weights = [(torch.randn(n, k, device=device) * 0.05).to(torch.bfloat16) for _, n, k in order]
         xs = [torch.randn(m, k, device=device).to(torch.bfloat16) for _, _, k in order]
         scratch = torch.randn(m, 4096, device=device).to(torch.bfloat16)

@@ -7,9 +7,19 @@
 `prepare` generates candidate configs per (n, k, m) cell and compiles them with
 the normal build (one manifest, no plans); `measure` checks every candidate
 against a float64 reference and times it against cuBLAS with the cold-L2
-graph method (aot/measure.py); `write` keeps, per cell, the fastest correct
-candidate that beats cuBLAS by at least 5%, with measured provenance. Cells
-that do not win stay on cuBLAS.
+graph method (aot/measure.py), each cell in a chain of its own shape; then,
+where the seed set is one model's decode step, it re-ranks each cell's
+fastest winners inside that step (one CUDA graph of the whole step per TP,
+the other cells on their current choice, one pass in order of each shape's
+share of the step). `write` keeps, per cell, the decode-step choice or else
+the fastest correct candidate, if it beats cuBLAS by at least 5%, with
+measured provenance. Cells that do not win stay on cuBLAS.
+
+Why the second phase: a same-shape chain flatters kernels that load weight
+before the PDL wait. Short kernels then cascade (each launches the next at
+its start, so many are resident at once, all streaming), which cannot
+happen between the long GEMMs of a real step: the v3 plans summed to
+1032 us per TP4 step yet ran it in 1101 us (docs/perf.md).
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from ..runtime.manifest import dumps
 
 MIN_SPEEDUP = 1.05
 CELLS_FILE = "cells.json"
+# Per cell, how many of the fastest isolated winners are re-timed inside the decode step.
+DECODE_TOP = 12
 
 
 # The mma kernel's pipelines, (cols, stages) at unroll 1: 4 or 8 loads of 512 bytes
@@ -36,7 +48,7 @@ SMS, INFLIGHT_PER_SM = 132, 48 * 1024
 
 
 def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most 60): the pipelined mma kernel, plus the SIMT kernel.
+    """Candidate configs for one cell (at most 70): the pipelined mma kernel, plus the SIMT kernel.
 
     mma: per pipeline, four K splits (warps per row tile): one less than the
     first that puts INFLIGHT_PER_SM in flight, and two more; each with and
@@ -68,12 +80,14 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
     # The SIMT kernel wastes nothing on token padding and can give one CTA a
     # single column: it stays in the race at small M and for tiny N. (4
     # columns per group won 2 of 52 cells by under 2%: dropped.)
+    # Each with one of three starts: L2 prefetch, nothing, or the first trip's
+    # weight loads issued before the PDL wait (`early`).
     simt = []
     for k_threads in (16, 32, 64, 128, 256):
         for cols in (1, 2):
-            for prefetch in (True, False):
+            for prefetch, early in ((True, False), (False, False), (False, True)):
                 cfg = KernelConfig(m=m, kind="simt", threads=256, k_threads=k_threads, cols=cols,
-                                   unroll=2 if k >= 1024 else 1, prefetch=prefetch)
+                                   unroll=2 if k >= 1024 else 1, prefetch=prefetch, early=early)
                 if _valid(cfg, n, k):
                     simt.append(cfg)
     # Too few CTAs leave most of the 132 SMs idle: keep configs within 4x of the
@@ -99,18 +113,20 @@ def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None) ->
     from .build import build_configs, main_summary
 
     cells = plans.seed_shapes(arch, shapes_file)
+    steps = plans.decode_steps(arch, shapes_file)
     rows, configs = [], set()
     for n, k, m in cells:
         cands = candidates(n, k, m)
         rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
         configs.update(cands)
     out.mkdir(parents=True, exist_ok=True)
-    (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows}))
+    decode = [{"tp": tp, "calls": [list(c) for c in calls]} for tp, calls in sorted(steps.items())]
+    (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows, "decode": decode}))
     result = build_configs(arch, configs, [], out / arch, out / CELLS_FILE, jobs=jobs)
     return f"{len(rows)} cells, {sum(len(r['candidates']) for r in rows)} timings; " + main_summary(result)
 
 
-def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = True) -> dict:
+def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = True, decode_top: int = DECODE_TOP) -> dict:
     """On the GPU: check and time every candidate of every cell against cuBLAS; write and return the results."""
     import torch
     from tqdm import tqdm
@@ -154,6 +170,8 @@ def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = Tru
         del inputs
         torch.cuda.empty_cache()
     bar.close()
+    if decode_top > 1 and spec.get("decode"):
+        decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress)
     data = {
         "arch": arch,
         "gpu": gpu,
@@ -162,8 +180,97 @@ def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = Tru
         f"median of {trials} trials",
         "cells": out_rows,
     }
+    if decode_top > 1 and spec.get("decode"):
+        data["decode_method"] = (
+            f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) timed inside one CUDA graph "
+            "of the whole decode step per TP (other cells on their current choice), interleaved, median of "
+            f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen"
+        )
     results.write_text(dumps(data))
     return data
+
+
+def isolated_winners(row: dict, min_speedup: float = MIN_SPEEDUP) -> list[str]:
+    """A cell's correct candidates that beat cuBLAS by ``min_speedup`` in its own chain, fastest first."""
+    timed = [(c["us"], name) for name, c in row["candidates"].items() if c["bad_elements"] == 0 and c["us"]]
+    return [name for us, name in sorted(timed) if row["cublas_us"] / us >= min_speedup]
+
+
+def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, progress: bool) -> None:
+    """Re-rank each cell's ``top`` isolated winners inside whole decode steps; adds row["decode"] in place."""
+    import torch
+    from tqdm import tqdm
+
+    from . import measure as ms
+
+    cells = {(r["n"], r["k"], r["m"]): r for r in rows}
+    choice = {key: (isolated_winners(r) or [None])[0] for key, r in cells.items()}
+    work = []
+    for m in sorted({key[2] for key in cells}):
+        # A shape's share of the steps (calls x isolated time) sets the order: the big terms settle first.
+        share: dict = {}
+        for step in steps:
+            for n, k in step["calls"]:
+                row = cells.get((n, k, m))
+                if row is not None:
+                    share[(n, k)] = share.get((n, k), 0.0) + row["cublas_us"]
+        for n, k in sorted(share, key=lambda s: -share[s]):
+            names = isolated_winners(cells[(n, k, m)])[:top]
+            if len(names) > 1:
+                work.append((m, n, k, names))
+    bar = tqdm(total=len(work), desc="decode", unit="cell", disable=not progress)
+    for m, group in _by_m(work):
+        bufs = {
+            step["tp"]: [
+                (x, w, torch.empty(m, n, device=device, dtype=torch.bfloat16), n, k)
+                for n, k in step["calls"]
+                for x, w in [(ms.random_tensor((m, k), device), ms.random_tensor((n, k), device, 0.05))]
+            ]
+            for step in steps
+        }
+        for _, n, k, names in group:
+            graphs = {}
+            for name in names:
+                for tp, calls in bufs.items():
+                    if any((cn, ck) == (n, k) for _, _, _, cn, ck in calls):
+                        pick = {**choice, (n, k, m): name}
+                        graphs[(name, tp)] = ms.capture([_step(lib, calls, pick, m)])
+            times = ms.time_graphs({str(key): g for key, g in graphs.items()}, {str(key): 1 for key in graphs}, trials)
+            per = {name: {tp: times[str((name, tp))] for nm, tp in graphs if nm == name} for name in names}
+            best = min(names, key=lambda nm: sum(per[nm].values()))
+            choice[(n, k, m)] = best
+            cells[(n, k, m)]["decode"] = {
+                "chosen": best,
+                "step_us": {name: {str(tp): us for tp, us in v.items()} for name, v in per.items()},
+            }
+            del graphs
+            bar.update(1)
+        del bufs
+        torch.cuda.empty_cache()
+    bar.close()
+
+
+def _by_m(work):
+    """Group the decode work list by M, keeping its order."""
+    groups: dict = {}
+    for item in work:
+        groups.setdefault(item[0], []).append(item)
+    return sorted(groups.items())
+
+
+def _step(lib, calls, pick, m):
+    """A callable launching one decode step: each call on its cell's pick, cuBLAS where there is none."""
+    import torch
+
+    def run():
+        for x, w, out, n, k in calls:
+            name = pick.get((n, k, m))
+            if name is None:
+                torch.mm(x, w.T, out=out)
+            else:
+                lib.launch(name, x, w, out, None, n, k)
+
+    return run
 
 
 def _mm(x, w, out):
@@ -199,15 +306,15 @@ def write_plan(results: Path, min_speedup: float = MIN_SPEEDUP, out: Path | None
     arch = data["arch"]
     entries, skipped = [], 0
     for row in data["cells"]:
-        timed = [(c["us"], name, c) for name, c in row["candidates"].items() if c["bad_elements"] == 0 and c["us"]]
-        if not timed:
+        winners = isolated_winners(row, min_speedup)
+        if not winners:
             skipped += 1
             continue
-        us, _, best = min(timed)
+        chosen = row.get("decode", {}).get("chosen")
+        name = chosen if chosen in winners else winners[0]
+        best = row["candidates"][name]
+        us = best["us"]
         speedup = row["cublas_us"] / us
-        if speedup < min_speedup:
-            skipped += 1
-            continue
         cfg = KernelConfig.from_json(best["config"])
         prov = {
             "kind": "measured",
@@ -218,6 +325,8 @@ def write_plan(results: Path, min_speedup: float = MIN_SPEEDUP, out: Path | None
             "speedup": round(speedup, 3),
             "method": data["method"],
         }
+        if name == chosen:
+            prov["chosen_in"] = "decode step"
         entries.append(PlanEntry(row["n"], row["k"], row["m"], cfg, prov))
     header = {
         "arch": arch,
@@ -243,6 +352,8 @@ def add_arguments(p) -> None:
     me.add_argument("dir", type=Path, help="a directory made by `tune prepare`")
     me.add_argument("--results", required=True, type=Path, help="results JSON to write")
     me.add_argument("--trials", type=int, default=5)
+    me.add_argument("--decode-top", type=int, default=DECODE_TOP,
+                    help="re-time each cell's N fastest winners inside the whole decode step (0: skip that phase)")
     wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
     wr.add_argument("results", type=Path)
     wr.add_argument("--min-speedup", type=float, default=MIN_SPEEDUP)
@@ -254,7 +365,7 @@ def main(args) -> int:
     if args.phase == "prepare":
         print(prepare(args.arch, args.shapes, args.out, args.jobs))
     elif args.phase == "measure":
-        data = measure(args.dir, args.results, args.trials)
+        data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top)
         print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")
     else:
         path, planned, skipped = write_plan(args.results, args.min_speedup)

@@ -15,7 +15,7 @@ import cutlass
 import cutlass.cute as cute
 
 from ..runtime.config import KernelConfig
-from .common import Launcher, compile_kernel, prologue, store_output
+from .common import Launcher, compile_kernel, prologue, store_output, wait_previous_grid
 
 WARP = 32
 
@@ -48,16 +48,23 @@ class SkinnyGemm(Launcher):
         else:
             kk = cute.assume(k, divby=cfg.k_step)
 
-        prologue(cfg, w, tidx, bidx * cfg.cols_per_cta, kk)
-
         acc = cute.make_rmem_tensor((M, COLS), cutlass.Float32)  # (M, COLS) fp32 partial sums
         acc.fill(0.0)
         step = KT * VEC * UNROLL
+        first = 0
+        if cutlass.const_expr(cfg.early):
+            # Trip 0's weight is in flight while the previous kernel drains.
+            w0 = self.load_weight(w, kk, col0, kt * VEC)
+            wait_previous_grid(cfg)
+            self.fma(acc, w0, self.load_tokens(a, kk, kt * VEC))
+            first = 1
+        else:
+            prologue(cfg, w, tidx, bidx * cfg.cols_per_cta, kk)
         if cutlass.const_expr(cfg.static_k > 0):
-            for trip in cutlass.range_constexpr(cfg.static_k // step):
+            for trip in cutlass.range_constexpr(first, cfg.static_k // step):
                 self.mac(a, w, acc, kk, col0, kt * VEC + trip * step)
         else:
-            for trip in cutlass.range(kk // step):
+            for trip in cutlass.range(first, kk // step):
                 self.mac(a, w, acc, kk, col0, kt * VEC + trip * step)
 
         # Butterfly over the group's lanes: afterwards every lane holds its warp's sum.
@@ -93,32 +100,46 @@ class SkinnyGemm(Launcher):
     @cute.jit
     def mac(self, a, w, acc, kk, col0, koff):
         """One K trip: issue every W and A load of the trip first, then the FMAs."""
+        wfrag = self.load_weight(w, kk, col0, koff)
+        self.fma(acc, wfrag, self.load_tokens(a, kk, koff))
+
+    @cute.jit
+    def load_weight(self, w, kk, col0, koff):
+        """Issue one trip's weight loads: [UNROLL][COLS] of (VEC,) bf16 vectors."""
         cfg = self.cfg
-        M, COLS, VEC, UNROLL, KT = cfg.m, cfg.cols, cfg.vec, cfg.unroll, cfg.k_threads
-        vlay = cute.make_layout(VEC)
-        wfrag = []  # [UNROLL][COLS] of (VEC,) bf16 vectors
-        afrag = []  # [UNROLL][M] of (VEC,) bf16 vectors
-        for u in cutlass.range_constexpr(UNROLL):
-            ku = koff + u * KT * VEC
-            wfrag.append(
-                [
-                    cute.make_tensor(w + cute.assume((col0 + j) * kk + ku, divby=VEC), vlay).load()
-                    for j in range(COLS)
-                ]
-            )
-            afrag.append(
-                [
-                    cute.make_tensor(a + cute.assume(m * kk + ku, divby=VEC), vlay).load()
-                    for m in range(M)
-                ]
-            )
-        for u in cutlass.range_constexpr(UNROLL):
-            af = [afrag[u][m].to(cutlass.Float32) for m in range(M)]
-            for j in cutlass.range_constexpr(COLS):
+        vlay = cute.make_layout(cfg.vec)
+        return [
+            [
+                cute.make_tensor(w + cute.assume((col0 + j) * kk + koff + u * cfg.k_threads * cfg.vec, divby=cfg.vec), vlay).load()
+                for j in range(cfg.cols)
+            ]
+            for u in range(cfg.unroll)
+        ]
+
+    @cute.jit
+    def load_tokens(self, a, kk, koff):
+        """Issue one trip's token loads: [UNROLL][M] of (VEC,) bf16 vectors."""
+        cfg = self.cfg
+        vlay = cute.make_layout(cfg.vec)
+        return [
+            [
+                cute.make_tensor(a + cute.assume(m * kk + koff + u * cfg.k_threads * cfg.vec, divby=cfg.vec), vlay).load()
+                for m in range(cfg.m)
+            ]
+            for u in range(cfg.unroll)
+        ]
+
+    @cute.jit
+    def fma(self, acc, wfrag, afrag):
+        """acc[m, j] += the trip's weight vectors times its token vectors, in fp32."""
+        cfg = self.cfg
+        for u in cutlass.range_constexpr(cfg.unroll):
+            af = [afrag[u][m].to(cutlass.Float32) for m in range(cfg.m)]
+            for j in cutlass.range_constexpr(cfg.cols):
                 wf = wfrag[u][j].to(cutlass.Float32)
-                for m in cutlass.range_constexpr(M):
+                for m in cutlass.range_constexpr(cfg.m):
                     s = acc[m, j]
-                    for e in cutlass.range_constexpr(VEC):
+                    for e in cutlass.range_constexpr(cfg.vec):
                         s = s + wf[e] * af[m][e]
                     acc[m, j] = s
 

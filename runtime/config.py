@@ -47,6 +47,10 @@ class KernelConfig:
     dependent launch (the kernel waits on the previous grid only before it
     touches tokens, residual or output); ``prefetch`` has each CTA start a bulk
     L2 prefetch of its weight rows first, so that wait overlaps HBM traffic.
+    ``early`` ("simt" with ``pdl`` only) issues the first K trip's weight loads
+    into registers before that wait, as the "mma" kernel always does with its
+    first ``stages - 1`` stages: the previous kernel's tail then overlaps
+    this kernel's HBM latency instead of adding to it.
     """
 
     m: int
@@ -60,6 +64,7 @@ class KernelConfig:
     pdl: bool = True
     prefetch: bool = True
     stages: int = 1
+    early: bool = False
 
     @property
     def groups(self) -> int:
@@ -89,7 +94,7 @@ class KernelConfig:
         return (
             f"{self.kind}_m{self.m}_t{self.threads}_kt{self.k_threads}_c{self.cols}_v{self.vec}"
             f"_u{self.unroll}_{k}_{'pdl' if self.pdl else 'nopdl'}{'_pf' if self.prefetch else ''}"
-            f"{f'_s{self.stages}' if self.stages != 1 else ''}"
+            f"{f'_s{self.stages}' if self.stages != 1 else ''}{'_e' if self.early else ''}"
         )
 
     @property
@@ -124,9 +129,14 @@ class KernelConfig:
                 raise ConfigError(f"rule 'positive': {field}={value!r} must be a positive int")
         if self.kind not in KINDS:
             raise ConfigError(f"rule 'kind': kind={self.kind!r} must be one of {KINDS}")
-        for flag in ("pdl", "prefetch"):
+        for flag in ("pdl", "prefetch", "early"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"rule 'flags': {flag}={getattr(self, flag)!r} must be true or false")
+        if self.early and (self.kind != "simt" or not self.pdl):
+            raise ConfigError(
+                f"rule 'early': early needs kind 'simt' and pdl (kind={self.kind!r}, pdl={self.pdl}); the mma "
+                "kernel always loads its first stages-1 stages before the PDL wait"
+            )
         if self.m > MAX_M:
             raise ConfigError(f"rule 'm range': m={self.m} exceeds {MAX_M}")
         if self.threads % 32 or self.threads > 1024:

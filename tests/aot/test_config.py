@@ -40,6 +40,8 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, kind="mma", k_threads=16, threads=256), "mma tile"),
         (dict(m=1, pdl=1), "flags"),
         (dict(m=0), "positive"),
+        (dict(m=1, kind="mma", threads=256, cols=8, early=True), "early"),
+        (dict(m=1, pdl=False, early=True), "early"),
     ],
 )
 def test_invalid_config_names_the_rule(kwargs, rule):
@@ -76,6 +78,7 @@ def _variants(cfg):
         "pdl": not cfg.pdl,
         "prefetch": not cfg.prefetch,
         "stages": 2,
+        "early": not cfg.early,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes

@@ -27,7 +27,7 @@ SHAPES = {
 def test_candidates_are_valid_and_bounded():
     for n, k, m in [(160, 4096, 1), (2048, 128, 4), (4096, 4096, 3), (38720, 4096, 2)]:
         cands = tune.candidates(n, k, m)
-        assert 1 <= len(cands) <= 60
+        assert 1 <= len(cands) <= 70
         assert len(set(cands)) == len(cands)
         for cfg in cands:
             cfg.check(n=n, k=k)
@@ -71,9 +71,44 @@ def test_write_plan_keeps_only_cells_that_win(tmp_path):
     assert [(e.m, e.provenance["speedup"]) for e in entries] == [(3, 1.25)]
 
 
+def test_write_plan_prefers_the_decode_step_choice(tmp_path):
+    cands = tune.candidates(4096, 4096, 1)[:3]
+    row = {"n": 4096, "k": 4096, "m": 1, "cublas_us": 10.0,
+           "candidates": {c.name: {"config": c.to_json(), "bad_elements": 0, "us": us}
+                          for c, us in zip(cands, (8.0, 8.5, 9.9))}}
+    for chosen, expect in ((cands[1].name, cands[1]), (cands[2].name, cands[0]), ("gone", cands[0])):
+        # A decode-step pick wins only if it is itself a >= 1.05x isolated winner.
+        src = tmp_path / "results.json"
+        src.write_text(json.dumps({"arch": "sm_90a", "gpu": "test GPU", "date": "2026-11-29", "method": "synthetic",
+                                   "cells": [{**row, "decode": {"chosen": chosen, "step_us": {}}}]}))
+        tune.write_plan(src, out=tmp_path / "plan.json")
+        _, (entry,) = plans.load(tmp_path / "plan.json")
+        assert entry.config == expect
+        assert (entry.provenance.get("chosen_in") == "decode step") == (expect.name == chosen)
+
+
+def test_isolated_winners_rank_correct_fast_candidates():
+    row = {"cublas_us": 10.0, "candidates": {
+        "slow": {"bad_elements": 0, "us": 9.8}, "fast": {"bad_elements": 0, "us": 7.0},
+        "wrong": {"bad_elements": 1, "us": 1.0}, "mid": {"bad_elements": 0, "us": 9.0},
+        "untimed": {"bad_elements": 0, "us": None}}}
+    assert tune.isolated_winners(row) == ["fast", "mid"]
+
+
+def test_decode_steps_follow_the_seed_set(tmp_path):
+    path = tmp_path / "shapes.json"
+    path.write_text(json.dumps({**SHAPES, "seed_plan_sets": {
+        "sm_90a": {"tp": [4, 8], "linears": list(SHAPES["linears"]), "planned_M": [1, 2, 3, 4]},
+        "sm_121": {"tp": 2, "linears": ["kda_in_proj", "shared_down"], "planned_M": [1, 2, 4]}}}))
+    steps = plans.decode_steps("sm_90a", path)
+    assert sorted(steps) == [4, 8] and all(len(v) == 192 for v in steps.values())
+    assert steps[8][0] == (3208, 4096) and steps[4][-1] == (38720, 4096)
+    assert plans.decode_steps("sm_121", path) == {}, "shared experts have no known place in the layer order"
+
+
 def test_decode_order_is_one_step():
     for tp in (4, 8):
-        order = bench.decode_order(SHAPES, tp)
+        order = plans.decode_order(SHAPES, tp)
         assert len(order) == 192
         counts = {}
         for name, _, _ in order:
