@@ -10,7 +10,7 @@ against a float64 reference and times it against cuBLAS with the cold-L2
 graph method (aot/measure.py), each cell in a chain of its own shape; then,
 where the seed set is one model's decode step, it re-ranks each cell's
 fastest winners inside that step (one CUDA graph of the whole step per TP,
-the other cells on their current choice, one pass in order of each shape's
+the other cells on their current choice, two passes in order of each shape's
 share of the step). `write` keeps, per cell, the decode-step choice or else
 the fastest correct candidate, if it beats cuBLAS by at least 5%, with
 measured provenance. Cells that do not win stay on cuBLAS.
@@ -34,49 +34,39 @@ from ..runtime.manifest import dumps
 
 MIN_SPEEDUP = 1.05
 CELLS_FILE = "cells.json"
-# Per cell, how many of the fastest isolated winners are re-timed inside the decode step.
-DECODE_TOP = 12
+# Per cell, how many of the fastest isolated winners are re-timed inside the decode step;
+# the whole descent runs twice, so every cell is settled against its neighbours' final picks.
+# Seven trials: a step graph is ~1 ms, and candidates of one cell differ by 1-10 us.
+DECODE_TOP, DECODE_PASSES, DECODE_TRIALS = 12, 2, 7
 
 
-# The mma kernel's pipelines, (cols, stages) at unroll 1: 4 or 8 loads of 512 bytes
-# (one 16-byte load per lane) in flight per warp, 40-80 registers on sm_90a.
-# (32, 4) took 96-128 registers and spilled: dropped.
-MMA_PIPES = ((8, 4), (8, 8), (16, 2), (16, 4), (32, 2))
-# Bytes in flight per SM (H100/H200: 132 SMs) that keep HBM streaming: the
-# SIMT winners hold about 50 KB (occupancy x loads per thread).
-SMS, INFLIGHT_PER_SM = 132, 48 * 1024
+# The mma kernel's pipelines, (cols, stages) at unroll 1: 4, 8 or 16 loads of 512 bytes
+# (one 16-byte load per lane) in flight per warp, 40-140 registers on sm_90a.
+# (32, 4) took 96-128 registers and spilled: dropped. (8, 16) lets one warp
+# hold a whole 512-k range of its 8 rows, 15 loads of it issued before the PDL wait.
+MMA_PIPES = ((8, 4), (8, 8), (8, 16), (16, 2), (16, 4), (32, 2))
 
 
 def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most 70): the pipelined mma kernel, plus the SIMT kernel.
+    """Candidate configs for one cell (at most 90): the pipelined mma kernel, plus the SIMT kernel.
 
-    mma: per pipeline, four K splits (warps per row tile): one less than the
-    first that puts INFLIGHT_PER_SM in flight, and two more; each with and
-    without the L2 prefetch. Less K split leaves HBM idle; more shortens each
-    warp's stream, which pays where the grid runs in several waves: a last,
-    partial wave is latency-bound, so its warps should be short. One row
-    group per CTA: CTA size only sets the scheduling grain, and every N
+    mma: per pipeline, every K split (warps per row tile) that divides K,
+    each with and without the L2 prefetch. Less K split leaves HBM idle; more
+    shortens each warp's stream, which pays where the grid runs in several
+    waves: a last, partial wave is latency-bound, so its warps should be
+    short. (v3 kept four splits around the one putting 48 KB in flight per SM;
+    the winners sat at both ends of that window, so now all are timed.) One
+    row group per CTA: CTA size only sets the scheduling grain, and every N
     divisible by 8 stays valid (3336 = 8 * 417).
     """
     found = []
     for cols, stages in MMA_PIPES:
-        split = []
         for k_threads in (32, 64, 128, 256, 512):
-            cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=cols, unroll=1,
-                               stages=stages)
-            if _valid(cfg, n, k):
-                split.append(cfg)
-        if not split:
-            continue
-        # per SM: warps x loads in flight per warp (stages x steps x tiles) x 512 bytes
-        inflight = [
-            n // c.cols * c.k_threads // 32 * c.stages * c.unroll * c.cols // MMA_ROWS * 512 / SMS for c in split
-        ]
-        first = next((i for i, b in enumerate(inflight) if b >= INFLIGHT_PER_SM), len(split) - 1)
-        lo = max(first - 1, 0)
-        for cfg in split[lo : lo + 4]:
             for prefetch in (True, False):
-                found.append(dataclasses.replace(cfg, prefetch=prefetch))
+                cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=cols, unroll=1,
+                                   stages=stages, prefetch=prefetch)
+                if _valid(cfg, n, k):
+                    found.append(cfg)
     # The SIMT kernel wastes nothing on token padding and can give one CTA a
     # single column: it stays in the race at small M and for tiny N. (4
     # columns per group won 2 of 52 cells by under 2%: dropped.)
@@ -171,7 +161,7 @@ def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = Tru
         torch.cuda.empty_cache()
     bar.close()
     if decode_top > 1 and spec.get("decode"):
-        decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress)
+        decode_phase(lib, out_rows, spec["decode"], device, decode_top, DECODE_TRIALS, progress)
     data = {
         "arch": arch,
         "gpu": gpu,
@@ -184,7 +174,8 @@ def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = Tru
         data["decode_method"] = (
             f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) timed inside one CUDA graph "
             "of the whole decode step per TP (other cells on their current choice), interleaved, median of "
-            f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen"
+            f"{DECODE_TRIALS} trials; the lowest sum over the TPs whose step contains the shape is chosen; "
+            f"{DECODE_PASSES} passes over the cells, largest share of the step first"
         )
     results.write_text(dumps(data))
     return data
@@ -218,7 +209,7 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
             names = isolated_winners(cells[(n, k, m)])[:top]
             if len(names) > 1:
                 work.append((m, n, k, names))
-    bar = tqdm(total=len(work), desc="decode", unit="cell", disable=not progress)
+    bar = tqdm(total=len(work) * DECODE_PASSES, desc="decode", unit="cell", disable=not progress)
     for m, group in _by_m(work):
         bufs = {
             step["tp"]: [
@@ -228,7 +219,7 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
             ]
             for step in steps
         }
-        for _, n, k, names in group:
+        for _, n, k, names in group * DECODE_PASSES:
             graphs = {}
             for name in names:
                 for tp, calls in bufs.items():
