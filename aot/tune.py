@@ -10,7 +10,7 @@ against a float64 reference and times it against cuBLAS with the cold-L2
 graph method (aot/measure.py), each cell in a chain of its own shape; then,
 where the seed set is one model's decode step, it re-ranks each cell's
 fastest winners inside that step (one CUDA graph of the whole step per TP,
-the other cells on their current choice, two passes in order of each shape's
+the other cells on their current choice, one pass in order of each shape's
 share of the step). `write` keeps, per cell, the decode-step choice or else
 the fastest correct candidate, if it beats cuBLAS by at least 5%, with
 measured provenance. Cells that do not win stay on cuBLAS.
@@ -34,10 +34,8 @@ from ..runtime.manifest import dumps
 
 MIN_SPEEDUP = 1.05
 CELLS_FILE = "cells.json"
-# Per cell, how many of the fastest isolated winners are re-timed inside the decode step;
-# the whole descent runs twice, so every cell is settled against its neighbours' final picks.
-# Seven trials: a step graph is ~1 ms, and candidates of one cell differ by 1-10 us.
-DECODE_TOP, DECODE_PASSES, DECODE_TRIALS = 12, 2, 7
+# Per cell, how many of the fastest isolated winners are re-timed inside the decode step.
+DECODE_TOP = 12
 
 
 # The mma kernel's pipelines, (cols, stages) at unroll 1: 4, 8 or 16 loads of 512 bytes
@@ -161,7 +159,7 @@ def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = Tru
         torch.cuda.empty_cache()
     bar.close()
     if decode_top > 1 and spec.get("decode"):
-        decode_phase(lib, out_rows, spec["decode"], device, decode_top, DECODE_TRIALS, progress)
+        decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress)
     data = {
         "arch": arch,
         "gpu": gpu,
@@ -174,8 +172,7 @@ def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = Tru
         data["decode_method"] = (
             f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) timed inside one CUDA graph "
             "of the whole decode step per TP (other cells on their current choice), interleaved, median of "
-            f"{DECODE_TRIALS} trials; the lowest sum over the TPs whose step contains the shape is chosen; "
-            f"{DECODE_PASSES} passes over the cells, largest share of the step first"
+            f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen"
         )
     results.write_text(dumps(data))
     return data
@@ -209,7 +206,7 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
             names = isolated_winners(cells[(n, k, m)])[:top]
             if len(names) > 1:
                 work.append((m, n, k, names))
-    bar = tqdm(total=len(work) * DECODE_PASSES, desc="decode", unit="cell", disable=not progress)
+    bar = tqdm(total=len(work), desc="decode", unit="cell", disable=not progress)
     for m, group in _by_m(work):
         bufs = {
             step["tp"]: [
@@ -219,7 +216,7 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
             ]
             for step in steps
         }
-        for _, n, k, names in group * DECODE_PASSES:
+        for _, n, k, names in group:
             graphs = {}
             for name in names:
                 for tp, calls in bufs.items():
