@@ -43,13 +43,17 @@ DECODE_TOP = 12
 # (32, 4) took 96-128 registers and spilled: dropped. (8, 16) lets one warp
 # hold a whole 512-k range of its 8 rows, 15 loads of it issued before the PDL wait.
 MMA_PIPES = ((8, 4), (8, 8), (8, 16), (16, 2), (16, 4), (32, 2))
+# L2 fetch per weight load: 128 B beat v3's 256 B by 3-9% on 4096x2048..6416x4096,
+# no hint won 4096x1536 (docs/perf.md v4). The L2 bulk prefetch never made a
+# decode-step pick for the mma kernel in the v4 sweep: it is no longer timed there.
+MMA_FETCH = (256, 128, 0)
 
 
 def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most 90): the pipelined mma kernel, plus the SIMT kernel.
+    """Candidate configs for one cell (at most 120): the pipelined mma kernel, plus the SIMT kernel.
 
     mma: per pipeline, every K split (warps per row tile) that divides K,
-    each with and without the L2 prefetch. Less K split leaves HBM idle; more
+    each with every L2 fetch size in MMA_FETCH. Less K split leaves HBM idle; more
     shortens each warp's stream, which pays where the grid runs in several
     waves: a last, partial wave is latency-bound, so its warps should be
     short. (v3 kept four splits around the one putting 48 KB in flight per SM;
@@ -60,9 +64,9 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
     found = []
     for cols, stages in MMA_PIPES:
         for k_threads in (32, 64, 128, 256, 512):
-            for prefetch in (True, False):
+            for fetch in MMA_FETCH:
                 cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=cols, unroll=1,
-                                   stages=stages, prefetch=prefetch)
+                                   stages=stages, prefetch=False, fetch=fetch)
                 if _valid(cfg, n, k):
                     found.append(cfg)
     # The SIMT kernel wastes nothing on token padding and can give one CTA a

@@ -24,6 +24,8 @@ KINDS = ("simt", "mma")
 # warp's tile is 8 weight rows x 16 token rows x 16 k; one 16-byte load per lane
 # feeds two MMAs, so a warp step covers 32 k.
 MMA_ROWS, MMA_K_STEP = 8, 32
+# L2 fetch sizes a weight load may request (PTX ld ... .L2::64B/128B/256B; 0 = no hint).
+FETCH_SIZES = (0, 64, 128, 256)
 
 
 class ConfigError(ValueError):
@@ -50,7 +52,11 @@ class KernelConfig:
     ``early`` ("simt" with ``pdl`` only) issues the first K trip's weight loads
     into registers before that wait, as the "mma" kernel always does with its
     first ``stages - 1`` stages: the previous kernel's tail then overlaps
-    this kernel's HBM latency instead of adding to it.
+    this kernel's HBM latency instead of adding to it. ``fetch`` ("mma" only)
+    is the L2 fetch size in bytes each weight load asks for (PTX
+    ``L2::128B``/``L2::256B``; 0 = no hint): a larger fetch brings a row's next
+    steps into L2 early, a smaller one wastes less of HBM's time on lines the
+    grid's tail never uses; which wins depends on the shape (docs/perf.md v4).
     """
 
     m: int
@@ -65,6 +71,7 @@ class KernelConfig:
     prefetch: bool = True
     stages: int = 1
     early: bool = False
+    fetch: int = 256
 
     @property
     def groups(self) -> int:
@@ -95,6 +102,7 @@ class KernelConfig:
             f"{self.kind}_m{self.m}_t{self.threads}_kt{self.k_threads}_c{self.cols}_v{self.vec}"
             f"_u{self.unroll}_{k}_{'pdl' if self.pdl else 'nopdl'}{'_pf' if self.prefetch else ''}"
             f"{f'_s{self.stages}' if self.stages != 1 else ''}{'_e' if self.early else ''}"
+            f"{f'_f{self.fetch}' if self.fetch != 256 else ''}"
         )
 
     @property
@@ -136,6 +144,13 @@ class KernelConfig:
             raise ConfigError(
                 f"rule 'early': early needs kind 'simt' and pdl (kind={self.kind!r}, pdl={self.pdl}); the mma "
                 "kernel always loads its first stages-1 stages before the PDL wait"
+            )
+        if self.fetch not in FETCH_SIZES or isinstance(self.fetch, bool):
+            raise ConfigError(f"rule 'fetch': fetch={self.fetch!r} must be one of {FETCH_SIZES} bytes")
+        if self.kind != "mma" and self.fetch != 256:
+            raise ConfigError(
+                f"rule 'fetch': fetch={self.fetch} is an mma option; kind {self.kind!r} keeps the default 256 "
+                "(its loads carry no hint, so another value would only duplicate the variant)"
             )
         if self.m > MAX_M:
             raise ConfigError(f"rule 'm range': m={self.m} exceeds {MAX_M}")

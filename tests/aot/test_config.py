@@ -42,6 +42,8 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=0), "positive"),
         (dict(m=1, kind="mma", threads=256, cols=8, early=True), "early"),
         (dict(m=1, pdl=False, early=True), "early"),
+        (dict(m=1, kind="mma", threads=256, cols=8, fetch=100), "fetch"),
+        (dict(m=1, fetch=128), "fetch"),
     ],
 )
 def test_invalid_config_names_the_rule(kwargs, rule):
@@ -79,6 +81,7 @@ def _variants(cfg):
         "prefetch": not cfg.prefetch,
         "stages": 2,
         "early": not cfg.early,
+        "fetch": 128,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes
