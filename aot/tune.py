@@ -200,7 +200,8 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
     choice = {key: (isolated_winners(r) or [None])[0] for key, r in cells.items()}
     work = []
     for m in sorted({key[2] for key in cells}):
-        # A shape's share of the steps (calls x isolated time) sets the order: the big terms settle first.
+        # A shape's share of the steps (calls x its cuBLAS time, a proxy for bytes) sets the order:
+        # the big terms settle first.
         share: dict = {}
         for step in steps:
             for n, k in step["calls"]:

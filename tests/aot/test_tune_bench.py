@@ -87,6 +87,43 @@ def test_write_plan_prefers_the_decode_step_choice(tmp_path):
         assert (entry.provenance.get("chosen_in") == "decode step") == (expect.name == chosen)
 
 
+def test_decode_phase_picks_the_lowest_step_time(monkeypatch):
+    """The decode phase re-ranks winners by whole-step time (summed over TPs), not by their isolated time."""
+    import torch
+
+    from skinny_gemm.aot import measure as ms
+
+    launched = []
+
+    class Lib:
+        def launch(self, name, x, w, out, residual, n, k):
+            launched.append(name)
+
+    def capture(calls):
+        launched.clear()
+        for call in calls:
+            call()
+        return tuple(launched)
+
+    # In the step, "a" (isolated fastest) costs more than "b"; "c" loses everywhere.
+    step_cost = {"a": 5.0, "b": 2.0, "c": 9.0, "x": 1.0}
+    monkeypatch.setattr(ms, "capture", capture)
+    monkeypatch.setattr(ms, "time_graphs", lambda graphs, per, trials: {
+        key: sum(step_cost[name] for name in g) for key, g in graphs.items()})
+    cand = lambda us: {"config": {}, "bad_elements": 0, "us": us}  # noqa: E731
+    rows = [
+        {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": {"a": cand(5.0), "b": cand(6.0), "c": cand(7.0)}},
+        {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"x": cand(5.0), "slow": cand(9.9)}},
+    ]
+    steps = [{"tp": 4, "calls": [[64, 32], [32, 64], [64, 32]]}, {"tp": 8, "calls": [[32, 64]]}]
+    tune.decode_phase(Lib(), rows, steps, torch.device("cpu"), top=12, trials=1, progress=False)
+    first = rows[0]["decode"]
+    assert first["chosen"] == "b"
+    assert first["step_us"] == {"a": {"4": 11.0}, "b": {"4": 5.0}, "c": {"4": 19.0}}
+    # Its only other candidate is under 1.05x: nothing to re-rank, the isolated winner stands.
+    assert "decode" not in rows[1]
+
+
 def test_isolated_winners_rank_correct_fast_candidates():
     row = {"cublas_us": 10.0, "candidates": {
         "slow": {"bad_elements": 0, "us": 9.8}, "fast": {"bad_elements": 0, "us": 7.0},
