@@ -345,9 +345,10 @@ def add_arguments(p) -> None:
     me = sub.add_parser("measure", help="check and time candidates vs cuBLAS (GPU, from the installed wheel)")
     me.add_argument("dir", type=Path, help="a directory made by `tune prepare`")
     me.add_argument("--results", required=True, type=Path, help="results JSON to write")
-    me.add_argument("--trials", type=int, default=5)
-    me.add_argument("--decode-top", type=int, default=DECODE_TOP,
-                    help="re-time each cell's N fastest winners inside the whole decode step (0: skip that phase)")
+    me.add_argument("--trials", type=int, default=5, help="timed replays per graph; the median is kept (default 5)")
+    me.add_argument("--decode-top", type=int, default=DECODE_TOP, metavar="N",
+                    help=f"re-time each cell's N fastest winners inside the whole decode step (default {DECODE_TOP}; "
+                    "0 skips that phase)")
     wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
     wr.add_argument("results", type=Path)
     wr.add_argument("--min-speedup", type=float, default=MIN_SPEEDUP)
