@@ -48,10 +48,11 @@ MMA_PIPES = ((8, 4), (8, 8), (8, 16), (16, 2), (16, 4), (32, 2))
 # no hint won 4096x1536 (docs/perf.md v4). The L2 bulk prefetch never made a
 # decode-step pick for the mma kernel in the v4 sweep: it is no longer timed there.
 MMA_FETCH = (256, 128, 0)
+BULK_MIN_RING = 12 * 1024
 
 
 def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most 120): the pipelined mma kernel, plus the SIMT kernel.
+    """Candidate configs for one cell (at most 150): the pipelined mma kernel, the bulk-copy kernel, the SIMT kernel.
 
     mma: per pipeline, every K split (warps per row tile) that divides K,
     each with every L2 fetch size in MMA_FETCH. Less K split leaves HBM idle; more
@@ -70,6 +71,17 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
                                    stages=stages, prefetch=False, fetch=fetch)
                 if _valid(cfg, n, k):
                     found.append(cfg)
+    # The bulk-copy kernel (v5 prototype, docs/perf.md): one row group per CTA,
+    # rings of at least 12 KB (smaller ones left HBM idle in its first sweep)
+    # unless the ring holds all of K.
+    for cols in (8, 16):
+        for k_threads in (128, 256, 512):
+            for unroll in (1, 2, 4):
+                for stages in (2, 4):
+                    cfg = KernelConfig(m=m, kind="bulk", threads=k_threads, k_threads=k_threads, cols=cols,
+                                       unroll=unroll, stages=stages, prefetch=False)
+                    if _valid(cfg, n, k) and (cfg.bulk_smem >= BULK_MIN_RING or k // cfg.k_step <= stages):
+                        found.append(cfg)
     # The SIMT kernel wastes nothing on token padding and can give one CTA a
     # single column: it stays in the race at small M and for tiny N. (4
     # columns per group won 2 of 52 cells by under 2%: dropped.)

@@ -132,28 +132,7 @@ class SkinnyMma(Launcher):
         for j in cutlass.range_constexpr(D):
             self.mma_stage(wbuf, xbuf, acc, j, keep)
 
-        has_res = residual.toint() != 0
-        if cutlass.const_expr(WK > 1):
-            # (groups, WK, TILES * 2, 32) fp32: each K-split warp's c0, c1.
-            sRed = cute.make_tensor(
-                cute.arch.alloc_smem(cutlass.Float32, cfg.groups * WK * TILES * 2 * WARP, alignment=16),
-                cute.make_layout(
-                    (cfg.groups, WK, TILES * 2, WARP), stride=(WK * TILES * 2 * WARP, TILES * 2 * WARP, WARP, 1)
-                ),
-            )
-            for i in cutlass.range_constexpr(TILES * 2):
-                sRed[grp, wk, i, lane] = acc[i // 2, i % 2]
-            cute.arch.sync_threads()
-            if wk == 0:
-                for i in cutlass.range_constexpr(TILES * 2):
-                    total = acc[i // 2, i % 2]
-                    for j in cutlass.range_constexpr(1, WK):
-                        total = total + sRed[grp, j, i, lane]
-                    acc[i // 2, i % 2] = total
-        if wk == 0 and g < M:
-            for i in cutlass.range_constexpr(TILES * 2):
-                row = row0 + (i // 2) * MMA_ROWS + q * 2 + i % 2
-                store_output(out, residual, has_res, acc[i // 2, i % 2], g, row, n)
+        reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n)
 
     @cute.jit
     def trip(self, w_lane, a_lane, wbuf, xbuf, acc, t, r_half, keep):
@@ -191,24 +170,71 @@ class SkinnyMma(Launcher):
     def mma_stage(self, wbuf, xbuf, acc, buf, keep):
         """Two MMAs per step and tile on buffer ``buf`` (the first waits for its loads)."""
         cfg = self.cfg
-        # A register, not a constant: an Int32 constant becomes an immediate inside
-        # the MMA's operand vector, which this ptxas accepts but PTX does not promise.
-        zero = cute.arch.inline_ptx("mov.b32 {$w0}, 0;", write_only_types=[cutlass.Int32])
+        zero = mma_zero()
         for u in cutlass.range_constexpr(cfg.unroll):
             x = [xbuf[buf, u, e] & keep for e in range(4)]
             for t in cutlass.range_constexpr(cfg.cols // MMA_ROWS):
-                for h in cutlass.range_constexpr(2):
-                    c = cute.arch.inline_ptx(
-                        MMA_PTX,
-                        write_only_types=[cutlass.Float32] * 4,
-                        read_only_args=[
-                            x[2 * h], zero, x[2 * h + 1], zero,
-                            wbuf[buf, u, t, 2 * h], wbuf[buf, u, t, 2 * h + 1],
-                            acc[t, 0], acc[t, 1], acc[t, 2], acc[t, 3],
-                        ],
-                    )
-                    for e in cutlass.range_constexpr(4):
-                        acc[t, e] = c[e]
+                mma_pair(acc, t, x, [wbuf[buf, u, t, e] for e in range(4)], zero)
+
+# Shared with kernels/skinny_bulk.py, which feeds the same MMAs from shared memory.
+
+
+@cute.jit
+def mma_zero():
+    """A zero register for the padding halves of the A fragment.
+
+    A register, not a constant: an Int32 constant becomes an immediate inside
+    the MMA's operand vector, which this ptxas accepts but PTX does not promise.
+    """
+    return cute.arch.inline_ptx("mov.b32 {$w0}, 0;", write_only_types=[cutlass.Int32])
+
+
+@cute.jit
+def mma_pair(acc, t, x, w, zero):
+    """One 32-k step on tile t: two m16n8k16 MMAs, token words x[0..3], weight fragment words w[0..3]."""
+    for h in cutlass.range_constexpr(2):
+        c = cute.arch.inline_ptx(
+            MMA_PTX,
+            write_only_types=[cutlass.Float32] * 4,
+            read_only_args=[
+                x[2 * h], zero, x[2 * h + 1], zero,
+                w[2 * h], w[2 * h + 1],
+                acc[t, 0], acc[t, 1], acc[t, 2], acc[t, 3],
+            ],
+        )
+        for e in cutlass.range_constexpr(4):
+            acc[t, e] = c[e]
+
+
+@cute.jit
+def reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
+    """Sum the K-split warps' accumulators in shared memory; warp 0 of each row group stores its rows."""
+    TILES = cfg.cols // MMA_ROWS
+    WK = cfg.k_threads // WARP
+    g = lane // 4
+    q = lane % 4
+    has_res = residual.toint() != 0
+    if cutlass.const_expr(WK > 1):
+        # (groups, WK, TILES * 2, 32) fp32: each K-split warp's c0, c1.
+        sRed = cute.make_tensor(
+            cute.arch.alloc_smem(cutlass.Float32, cfg.groups * WK * TILES * 2 * WARP, alignment=16),
+            cute.make_layout(
+                (cfg.groups, WK, TILES * 2, WARP), stride=(WK * TILES * 2 * WARP, TILES * 2 * WARP, WARP, 1)
+            ),
+        )
+        for i in cutlass.range_constexpr(TILES * 2):
+            sRed[grp, wk, i, lane] = acc[i // 2, i % 2]
+        cute.arch.sync_threads()
+        if wk == 0:
+            for i in cutlass.range_constexpr(TILES * 2):
+                total = acc[i // 2, i % 2]
+                for j in cutlass.range_constexpr(1, WK):
+                    total = total + sRed[grp, j, i, lane]
+                acc[i // 2, i % 2] = total
+    if wk == 0 and g < cfg.m:
+        for i in cutlass.range_constexpr(TILES * 2):
+            row = row0 + (i // 2) * MMA_ROWS + q * 2 + i % 2
+            store_output(out, residual, has_res, acc[i // 2, i % 2], g, row, n)
 
 
 def compile_variant(cfg: KernelConfig, arch: str, dump_dir: str) -> bytes:

@@ -19,11 +19,15 @@ REGISTER_BUDGET = 168
 # size explode (DESIGN.md: 2.3-2.7 s per variant at K=16384) for no gain.
 MAX_STATIC_TRIPS = 64
 MAX_M = 8
-KINDS = ("simt", "mma")
+KINDS = ("simt", "mma", "bulk")
 # mma.sync.m16n8k16 with the tokens as its 16-row side (rows >= M are zero): a
 # warp's tile is 8 weight rows x 16 token rows x 16 k; one 16-byte load per lane
 # feeds two MMAs, so a warp step covers 32 k.
 MMA_ROWS, MMA_K_STEP = 8, 32
+# Static shared memory a CTA may hold (the kernels take no dynamic shared memory:
+# the launch contract has no smem field). Bulk-copy rows are padded by 64 bytes so
+# the 8 lanes of each 128-byte phase of a fragment read hit distinct banks.
+STATIC_SMEM_LIMIT, BULK_ROW_PAD = 48 * 1024, 64
 # L2 fetch sizes a weight load may request (PTX ld ... .L2::64B/128B/256B; 0 = no hint).
 FETCH_SIZES = (0, 64, 128, 256)
 
@@ -36,8 +40,12 @@ class ConfigError(ValueError):
 class KernelConfig:
     """One skinny GEMM kernel variant: C[m, n] = A[m, k] @ W[n, k]^T (+ residual).
 
-    ``kind`` picks the kernel: "simt" (kernels/skinny_gemm.py, scalar FMAs) or
-    "mma" (kernels/skinny_mma.py, tensor cores). The CTA has ``threads`` threads
+    ``kind`` picks the kernel: "simt" (kernels/skinny_gemm.py, scalar FMAs),
+    "mma" (kernels/skinny_mma.py, tensor cores fed from registers) or "bulk"
+    (kernels/skinny_bulk.py, tensor cores fed from a shared-memory ring that
+    ``cp.async.bulk`` fills: one row group per CTA, a chunk is ``unroll`` 32-k
+    steps per warp, ``stages`` chunks in the ring, the first ones issued
+    before the PDL wait; at most 48 KB of shared memory). The CTA has ``threads`` threads
     split into ``threads // k_threads`` groups; each group owns ``cols`` output
     columns and its ``k_threads`` threads split K between them, ``vec`` elements
     per load, ``unroll`` loads per column in flight. For "mma", threads come in
@@ -88,7 +96,16 @@ class KernelConfig:
         """K elements consumed by one trip of the (unrolled) K loop."""
         if self.kind == "mma":
             return self.k_threads // 32 * MMA_K_STEP * self.unroll * self.stages
+        if self.kind == "bulk":
+            return self.k_threads // 32 * MMA_K_STEP * self.unroll
         return self.k_threads * self.vec * self.unroll
+
+    @property
+    def bulk_smem(self) -> int:
+        """Shared-memory bytes of a "bulk" CTA: the weight ring, its mbarriers, the K-split reduction."""
+        ring = self.stages * self.cols * (self.k_step * 2 + BULK_ROW_PAD)
+        # reduction: (warps, cols / 8 tiles x 2 values, 32 lanes) fp32
+        return ring + 8 * self.stages + (self.k_threads // 32) * (self.cols // MMA_ROWS * 2) * 32 * 4
 
     @property
     def name(self) -> str:
@@ -162,7 +179,27 @@ class KernelConfig:
             )
         if self.vec not in (2, 4, 8):
             raise ConfigError(f"rule 'vector width': vec={self.vec} must be 2, 4 or 8 bf16 (4, 8 or 16 bytes)")
-        if self.kind == "mma":
+        if self.kind == "bulk":
+            if (
+                self.k_threads < 32
+                or self.vec != 8
+                or self.cols % MMA_ROWS
+                or self.threads != self.k_threads
+                or self.prefetch
+            ):
+                raise ConfigError(
+                    f"rule 'bulk tile': k_threads={self.k_threads} must be whole warps and equal threads={self.threads}, "
+                    f"vec={self.vec} must be 8, cols={self.cols} a multiple of {MMA_ROWS}, and prefetch off "
+                    "(the ring's first chunks already go out before the PDL wait)"
+                )
+            if self.bulk_smem > STATIC_SMEM_LIMIT:
+                raise ConfigError(
+                    f"rule 'shared memory': {self.bulk_smem} bytes of weight ring exceed {STATIC_SMEM_LIMIT}"
+                )
+            # accumulators + one step's weight fragments per tile + its token words, per unrolled step
+            regs = self.cols // 2 + self.unroll * (self.cols // 2 + 4)
+            rule = "cols/2 + unroll*(cols/2 + 4)"
+        elif self.kind == "mma":
             if self.k_threads < 32 or self.vec != 8 or self.cols % MMA_ROWS:
                 raise ConfigError(
                     f"rule 'mma tile': k_threads={self.k_threads} must be whole warps, vec={self.vec} must be 8 "

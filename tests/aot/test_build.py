@@ -68,3 +68,21 @@ def test_manifest_is_sorted_stable_json(built):
     raw = json.loads(text)
     assert [p for p in raw["plans"]] == sorted(raw["plans"], key=lambda p: (p["n"], p["k"], p["m"]))
     assert raw["toolchain"]["cutlass_dsl"] == "4.8.1"
+
+
+def test_bulk_kernel_builds_with_the_shared_abi(built, tmp_path):
+    """The bulk-copy kernel (not in a plan yet) compiles for both archs to the same symbol and parameter layout."""
+    from skinny_gemm.runtime.config import KernelConfig
+
+    cfg = KernelConfig(m=4, kind="bulk", threads=256, k_threads=256, cols=8, unroll=2, stages=4, prefetch=False)
+    cfg.check(n=6416, k=4096)
+    plan = built["root"] / "sm_90a" / "manifest.json"
+    for arch in ARCHS:
+        build.build_configs(arch, [cfg], [], tmp_path / arch, plan, cache_dir=built["cache"], progress=False)
+        man = parse(tmp_path / arch / "manifest.json", expected_arch=arch)
+        (variant,) = man.variants.values()
+        info = cubin.inspect((man.directory / variant.file).read_bytes())
+        assert info.arch == arch
+        kernel = info.kernels[cfg.symbol]
+        assert kernel.params == [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
+        assert tuple(kernel.reqntid) == (256, 1, 1)

@@ -44,6 +44,10 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, pdl=False, early=True), "early"),
         (dict(m=1, kind="mma", threads=256, cols=8, fetch=100), "fetch"),
         (dict(m=1, fetch=128), "fetch"),
+        (dict(m=1, kind="bulk", threads=256, k_threads=128, cols=8, prefetch=False), "bulk tile"),
+        (dict(m=1, kind="bulk", threads=256, k_threads=256, cols=8, prefetch=True), "bulk tile"),
+        (dict(m=1, kind="bulk", threads=256, k_threads=256, cols=16, unroll=4, stages=4, prefetch=False), "shared memory"),
+        (dict(m=1, kind="bulk", threads=256, k_threads=256, cols=8, unroll=1, prefetch=False, fetch=128), "fetch"),
     ],
 )
 def test_invalid_config_names_the_rule(kwargs, rule):
