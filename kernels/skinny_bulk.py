@@ -11,9 +11,12 @@ the CTA's rows per copy group, and the first ``stages`` chunks go out before
 ``griddepcontrol.wait``, while the previous kernel drains.
 
 Ring: chunk c (``k_step`` = warps x 32 x ``unroll`` k of all ``cols`` rows)
-lands in stage c % stages; its mbarrier completes on the copies' byte count.
-Every warp multiplies its ``unroll`` 32-k steps of the chunk, the CTA syncs,
-and thread 0 refills the stage with chunk c + stages. Row r of a stage sits at
+lands in stage c % stages; its "full" mbarrier completes on the copies' byte
+count. Every warp multiplies its ``unroll`` 32-k steps of the chunk and
+arrives on the stage's "empty" mbarrier (every thread: an arrive releases
+only its own reads); thread 0 waits for that one and
+refills the stage with chunk c + stages, while the other warps go on. (v1
+synced the whole CTA per chunk instead: slower, docs/perf.md v5.) Row r of a stage sits at
 r * (chunk bytes + 64): the pad puts the 8 lanes of each 128-byte phase of a
 fragment read on distinct banks.
 
@@ -75,10 +78,12 @@ class SkinnyBulk(Launcher):
         a_lane = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((g & keep) * r_half + q * 4, divby=4)
 
         ring = cute.arch.alloc_smem(cutlass.Int8, S * STAGE, alignment=128)  # (stage, row, PITCH) bytes
-        bars = cute.arch.alloc_smem(cutlass.Int64, S, alignment=8)  # one mbarrier per stage
+        bars = cute.arch.alloc_smem(cutlass.Int64, S, alignment=8)  # per stage: full (copies landed)
+        empty = cute.arch.alloc_smem(cutlass.Int64, S, alignment=8)  # per stage: every warp done reading it
         if tidx == 0:
             for s in cutlass.range_constexpr(S):
                 cute.arch.mbarrier_init(bars + s, 1)
+                cute.arch.mbarrier_init(empty + s, cfg.k_threads)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if tidx == 0:
@@ -105,9 +110,13 @@ class SkinnyBulk(Launcher):
                     addr = ring + (s * STAGE + t * MMA_ROWS * PITCH + lane_off + u * 64)
                     v = cute.arch.inline_ptx(LDS_PTX, write_only_types=[cutlass.Int32] * 4, read_only_args=[addr.toint()])
                     mma_pair(acc, t, [xs[u][e] & keep for e in range(4)], v, zero)
-            cute.arch.sync_threads()
+            # Release the stage: every thread arrives (an arrive releases only its own
+            # shared-memory reads), and only thread 0 waits for the slowest warp
+            # before refilling it; the other warps go on to the chunks already landed.
+            cute.arch.mbarrier_arrive(empty + s)
             if tidx == 0:
                 if c + S < chunks:
+                    cute.arch.mbarrier_wait(empty + s, (c // S) & 1)
                     self.issue(w, ring, bars, row0, kk, c + S, s)
 
         reduce_and_store(cfg, acc, 0, wk, lane, row0, out, residual, n)

@@ -102,10 +102,10 @@ class KernelConfig:
 
     @property
     def bulk_smem(self) -> int:
-        """Shared-memory bytes of a "bulk" CTA: the weight ring, its mbarriers, the K-split reduction."""
+        """Shared-memory bytes of a "bulk" CTA: the weight ring, its two mbarriers per stage, the K-split reduction."""
         ring = self.stages * self.cols * (self.k_step * 2 + BULK_ROW_PAD)
         # reduction: (warps, cols / 8 tiles x 2 values, 32 lanes) fp32
-        return ring + 8 * self.stages + (self.k_threads // 32) * (self.cols // MMA_ROWS * 2) * 32 * 4
+        return ring + 16 * self.stages + (self.k_threads // 32) * (self.cols // MMA_ROWS * 2) * 32 * 4
 
     @property
     def name(self) -> str:
