@@ -25,12 +25,11 @@ that to 1017 us (docs/perf.md v4).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 from pathlib import Path
 
-from ..runtime.config import MMA_ROWS, ConfigError, KernelConfig
+from ..runtime.config import ConfigError, KernelConfig
 from ..runtime.manifest import dumps
 
 MIN_SPEEDUP = 1.05
@@ -175,7 +174,8 @@ def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = Tru
         del inputs
         torch.cuda.empty_cache()
     bar.close()
-    if decode_top > 1 and spec.get("decode"):
+    in_step = decode_top > 1 and bool(spec.get("decode"))
+    if in_step:
         decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress)
     data = {
         "arch": arch,
@@ -185,7 +185,7 @@ def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = Tru
         f"median of {trials} trials",
         "cells": out_rows,
     }
-    if decode_top > 1 and spec.get("decode"):
+    if in_step:
         data["decode_method"] = (
             f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) timed inside one CUDA graph "
             "of the whole decode step per TP (other cells on their current choice), interleaved, median of "
@@ -210,7 +210,7 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
 
     cells = {(r["n"], r["k"], r["m"]): r for r in rows}
     choice = {key: (isolated_winners(r) or [None])[0] for key, r in cells.items()}
-    work = []
+    work: dict = {}  # m -> [(n, k, names)], the biggest share of the steps first
     for m in sorted({key[2] for key in cells}):
         # A shape's share of the steps (calls x its cuBLAS time, a proxy for bytes) sets the order:
         # the big terms settle first.
@@ -223,9 +223,9 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
         for n, k in sorted(share, key=lambda s: -share[s]):
             names = isolated_winners(cells[(n, k, m)])[:top]
             if len(names) > 1:
-                work.append((m, n, k, names))
-    bar = tqdm(total=len(work), desc="decode", unit="cell", disable=not progress)
-    for m, group in _by_m(work):
+                work.setdefault(m, []).append((n, k, names))
+    bar = tqdm(total=sum(len(v) for v in work.values()), desc="decode", unit="cell", disable=not progress)
+    for m, group in work.items():
         bufs = {
             step["tp"]: [
                 (x, w, torch.empty(m, n, device=device, dtype=torch.bfloat16), n, k)
@@ -234,15 +234,18 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
             ]
             for step in steps
         }
-        for _, n, k, names in group:
+        for n, k, names in group:
+            tps = [tp for tp, calls in bufs.items() if any((cn, ck) == (n, k) for *_, cn, ck in calls)]
             graphs = {}
             for name in names:
-                for tp, calls in bufs.items():
-                    if any((cn, ck) == (n, k) for _, _, _, cn, ck in calls):
-                        pick = {**choice, (n, k, m): name}
-                        graphs[(name, tp)] = ms.capture([_step(lib, calls, pick, m)])
+                pick = {**choice, (n, k, m): name}
+                for tp in tps:
+                    graphs[(name, tp)] = ms.capture([
+                        _launch(lib, pick[(cn, ck, m)], x, w, out, cn, ck) if pick.get((cn, ck, m)) else _mm(x, w, out)
+                        for x, w, out, cn, ck in bufs[tp]
+                    ])
             times = ms.time_graphs({str(key): g for key, g in graphs.items()}, {str(key): 1 for key in graphs}, trials)
-            per = {name: {tp: times[str((name, tp))] for nm, tp in graphs if nm == name} for name in names}
+            per = {name: {tp: times[str((name, tp))] for tp in tps} for name in names}
             best = min(names, key=lambda nm: sum(per[nm].values()))
             choice[(n, k, m)] = best
             cells[(n, k, m)]["decode"] = {
@@ -254,29 +257,6 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
         del bufs
         torch.cuda.empty_cache()
     bar.close()
-
-
-def _by_m(work):
-    """Group the decode work list by M, keeping its order."""
-    groups: dict = {}
-    for item in work:
-        groups.setdefault(item[0], []).append(item)
-    return sorted(groups.items())
-
-
-def _step(lib, calls, pick, m):
-    """A callable launching one decode step: each call on its cell's pick, cuBLAS where there is none."""
-    import torch
-
-    def run():
-        for x, w, out, n, k in calls:
-            name = pick.get((n, k, m))
-            if name is None:
-                torch.mm(x, w.T, out=out)
-            else:
-                lib.launch(name, x, w, out, None, n, k)
-
-    return run
 
 
 def _mm(x, w, out):

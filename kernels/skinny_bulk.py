@@ -57,7 +57,6 @@ class SkinnyBulk(Launcher):
         cfg = self.cfg
         M, S = cfg.m, cfg.stages
         TILES = cfg.cols // MMA_ROWS
-        WK = cfg.k_threads // WARP
         KC = cfg.k_step
         PITCH = KC * 2 + BULK_ROW_PAD  # bytes per row of a stage
         STAGE = cfg.cols * PITCH
