@@ -101,7 +101,11 @@ def _variant_record(cfg: KernelConfig, blob: bytes, arch: str) -> dict:
         "sha256": hashlib.sha256(blob).hexdigest(),
         "size": len(blob),
         "block": [cfg.threads, 1, 1],
-        "grid": {"cols_per_cta": cfg.cols_per_cta, "rule": "grid = (n / cols_per_cta, 1, 1)"},
+        "grid": {
+            "cols_per_cta": cfg.cols_per_cta,
+            "cluster": cfg.split,
+            "rule": "grid = (n / cols_per_cta * cluster, 1, 1), clusters of (cluster, 1, 1) CTAs",
+        },
         "dynamic_smem": 0,
         "pdl": cfg.pdl,
         "registers": kernel.registers,

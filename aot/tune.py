@@ -36,6 +36,9 @@ MIN_SPEEDUP = 1.05
 CELLS_FILE = "cells.json"
 # Per cell, how many of the fastest isolated winners are re-timed inside the decode step.
 DECODE_TOP = 12
+# Passes over the cells in that phase: the second re-times each cell with every other cell
+# on its first-pass choice (costs as much GPU time again as the first, ~20 s on the H200).
+DECODE_PASSES = 2
 
 
 # The mma kernel's pipelines, (cols, stages) at unroll 1: 4, 8 or 16 loads of 512 bytes
@@ -48,10 +51,29 @@ MMA_PIPES = ((8, 4), (8, 8), (8, 16), (16, 2), (16, 4), (32, 2))
 # decode-step pick for the mma kernel in the v4 sweep: it is no longer timed there.
 MMA_FETCH = (256, 128, 0)
 BULK_MIN_RING = 12 * 1024
+# Cluster-split mma (v6): K shared by the CTAs of a cluster. Its first sweep (8 cells,
+# splits 2/4/8, K splits 64-512 threads) won with 2 or 4 CTAs of 64-256 threads; 8 never
+# placed in a cell's top five (docs/perf.md v6).
+SPLIT_PIPES = ((8, 4), (8, 8), (16, 2), (16, 4))
+SPLIT_FETCH = (256, 128)
+
+
+def split_candidates(n: int, k: int, m: int, splits=(2, 4), k_threads_set=(64, 128, 256)) -> list[KernelConfig]:
+    """The cluster-split mma configs for one cell: every split, pipeline, K split and fetch size that is valid."""
+    found = []
+    for split in splits:
+        for cols, stages in SPLIT_PIPES:
+            for k_threads in k_threads_set:
+                for fetch in SPLIT_FETCH:
+                    cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=cols, unroll=1,
+                                       stages=stages, prefetch=False, fetch=fetch, split=split)
+                    if _valid(cfg, n, k):
+                        found.append(cfg)
+    return found
 
 
 def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most 150): the pipelined mma kernel, the bulk-copy kernel, the SIMT kernel.
+    """Candidate configs for one cell (at most 200): the pipelined mma kernel (also cluster-split), the bulk-copy kernel, the SIMT kernel.
 
     mma: per pipeline, every K split (warps per row tile) that divides K,
     each with every L2 fetch size in MMA_FETCH. Less K split leaves HBM idle; more
@@ -70,6 +92,7 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
                                    stages=stages, prefetch=False, fetch=fetch)
                 if _valid(cfg, n, k):
                     found.append(cfg)
+    found += split_candidates(n, k, m)
     # The bulk-copy kernel (v5 prototype, docs/perf.md): one row group per CTA,
     # rings of at least 12 KB (smaller ones left HBM idle in its first sweep)
     # unless the ring holds all of K.
@@ -86,14 +109,17 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
     # columns per group won 2 of 52 cells by under 2%: dropped.)
     # Each with one of three starts: L2 prefetch, nothing, or the first trip's
     # weight loads issued before the PDL wait (`early`).
+    # At M=1, also 4 loads per thread in flight (twice the bytes per CTA of the default 2).
     simt = []
+    unrolls = (2 if k >= 1024 else 1,) + ((4,) if m == 1 and k >= 2048 else ())
     for k_threads in (16, 32, 64, 128, 256):
         for cols in (1, 2):
-            for prefetch, early in ((True, False), (False, False), (False, True)):
-                cfg = KernelConfig(m=m, kind="simt", threads=256, k_threads=k_threads, cols=cols,
-                                   unroll=2 if k >= 1024 else 1, prefetch=prefetch, early=early)
-                if _valid(cfg, n, k):
-                    simt.append(cfg)
+            for unroll in unrolls:
+                for prefetch, early in ((True, False), (False, False), (False, True)):
+                    cfg = KernelConfig(m=m, kind="simt", threads=256, k_threads=k_threads, cols=cols,
+                                       unroll=unroll, prefetch=prefetch, early=early)
+                    if _valid(cfg, n, k):
+                        simt.append(cfg)
     # Too few CTAs leave most of the 132 SMs idle: keep configs within 4x of the
     # most CTAs any candidate reaches (all of them for tiny N such as 160).
     if simt:
@@ -130,7 +156,14 @@ def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None) ->
     return f"{len(rows)} cells, {sum(len(r['candidates']) for r in rows)} timings; " + main_summary(result)
 
 
-def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = True, decode_top: int = DECODE_TOP) -> dict:
+def measure(
+    cand_dir: Path,
+    results: Path,
+    trials: int = 5,
+    progress: bool = True,
+    decode_top: int = DECODE_TOP,
+    decode_passes: int = DECODE_PASSES,
+) -> dict:
     """On the GPU: check and time every candidate of every cell against cuBLAS; write and return the results."""
     import torch
     from tqdm import tqdm
@@ -176,7 +209,7 @@ def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = Tru
     bar.close()
     in_step = decode_top > 1 and bool(spec.get("decode"))
     if in_step:
-        decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress)
+        decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress, decode_passes)
     data = {
         "arch": arch,
         "gpu": gpu,
@@ -189,7 +222,8 @@ def measure(cand_dir: Path, results: Path, trials: int = 5, progress: bool = Tru
         data["decode_method"] = (
             f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) timed inside one CUDA graph "
             "of the whole decode step per TP (other cells on their current choice), interleaved, median of "
-            f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen"
+            f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen; "
+            f"{decode_passes} pass(es) over the cells, the last decides"
         )
     results.write_text(dumps(data))
     return data
@@ -201,8 +235,12 @@ def isolated_winners(row: dict, min_speedup: float = MIN_SPEEDUP) -> list[str]:
     return [name for us, name in sorted(timed) if row["cublas_us"] / us >= min_speedup]
 
 
-def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, progress: bool) -> None:
-    """Re-rank each cell's ``top`` isolated winners inside whole decode steps; adds row["decode"] in place."""
+def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, progress: bool, passes: int = 1) -> None:
+    """Re-rank each cell's ``top`` isolated winners inside whole decode steps; adds row["decode"] in place.
+
+    A later pass re-times every cell with all the others on their previous-pass choice
+    (the first pass sees the cells after it still on their isolated pick); the last pass decides.
+    """
     import torch
     from tqdm import tqdm
 
@@ -224,7 +262,7 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
             names = isolated_winners(cells[(n, k, m)])[:top]
             if len(names) > 1:
                 work.setdefault(m, []).append((n, k, names))
-    bar = tqdm(total=sum(len(v) for v in work.values()), desc="decode", unit="cell", disable=not progress)
+    bar = tqdm(total=passes * sum(len(v) for v in work.values()), desc="decode", unit="cell", disable=not progress)
     for m, group in work.items():
         bufs = {
             step["tp"]: [
@@ -234,7 +272,7 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
             ]
             for step in steps
         }
-        for n, k, names in group:
+        for n, k, names in [cell for _ in range(passes) for cell in group]:
             tps = [tp for tp, calls in bufs.items() if any((cn, ck) == (n, k) for *_, cn, ck in calls)]
             graphs = {}
             for name in names:
@@ -341,6 +379,9 @@ def add_arguments(p) -> None:
     me.add_argument("--decode-top", type=int, default=DECODE_TOP, metavar="N",
                     help=f"re-time each cell's N fastest winners inside the whole decode step (default {DECODE_TOP}; "
                     "0 skips that phase)")
+    me.add_argument("--decode-passes", type=int, default=DECODE_PASSES, metavar="N",
+                    help=f"passes of that phase over the cells; each pass re-times every cell with the others on "
+                    f"their latest choice, the last pass decides (default {DECODE_PASSES})")
     wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
     wr.add_argument("results", type=Path)
     wr.add_argument("--min-speedup", type=float, default=MIN_SPEEDUP)
@@ -352,7 +393,7 @@ def main(args) -> int:
     if args.phase == "prepare":
         print(prepare(args.arch, args.shapes, args.out, args.jobs))
     elif args.phase == "measure":
-        data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top)
+        data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top, decode_passes=args.decode_passes)
         print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")
     else:
         path, planned, skipped = write_plan(args.results, args.min_speedup)

@@ -118,7 +118,7 @@ class SkinnyBulk(Launcher):
                     cute.arch.mbarrier_wait(empty + s, (c // S) & 1)
                     self.issue(w, ring, bars, row0, kk, c + S, s)
 
-        reduce_and_store(cfg, acc, 0, wk, lane, row0, out, residual, n)
+        reduce_and_store(cfg, acc, 0, wk, lane, row0, out, residual, n, 0)
 
     @cute.jit
     def issue(self, w, ring, bars, row0, kk, chunk, stage):

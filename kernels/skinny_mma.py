@@ -87,14 +87,23 @@ class SkinnyMma(Launcher):
         grp = warp // WK  # this warp's row group
         g = lane // 4  # weight row within a tile (B column), and this lane's token (A row)
         q = lane % 4  # which 8-k slice of a 32-k step this lane loads
-        row0 = bidx * cfg.cols_per_cta + grp * cfg.cols
+        # With split, the cluster of `split` consecutive CTAs shares one row group; this CTA streams K range `rank`.
         if cutlass.const_expr(cfg.static_k > 0):
             kk = cfg.static_k
         else:
             kk = cute.assume(k, divby=cfg.k_step)
         r_half = kk // 2  # a weight or token row, in 32-bit words
-        # This lane's first word: its K range starts at wk * kk / WK, its slice at 8q.
-        koff = cute.assume((wk * (kk // WK) + q * 8) // 2, divby=4)
+        rank = 0
+        if cutlass.const_expr(cfg.split > 1):
+            rank = bidx % cfg.split
+            row0 = bidx // cfg.split * cfg.cols_per_cta + grp * cfg.cols
+            kc = kk // cfg.split  # this CTA's K range
+            # This lane's first word: its K range starts at rank * kc + wk * kc / WK, its slice at 8q.
+            koff = cute.assume((rank * kc + wk * (kc // WK) + q * 8) // 2, divby=4)
+        else:
+            row0 = bidx * cfg.cols_per_cta + grp * cfg.cols
+            # This lane's first word: its K range starts at wk * kk / WK, its slice at 8q.
+            koff = cute.assume((wk * (kk // WK) + q * 8) // 2, divby=4)
         # Lanes whose token is padding (g >= M) read token 0 and zero it: all-ones
         # mask for real tokens, zero for padding, without a branch.
         keep = ((cutlass.Int32(M - 1) - g) >> 31) ^ cutlass.Int32(-1)
@@ -132,7 +141,7 @@ class SkinnyMma(Launcher):
         for j in cutlass.range_constexpr(D):
             self.mma_stage(wbuf, xbuf, acc, j, keep)
 
-        reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n)
+        reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank)
 
     @cute.jit
     def trip(self, w_lane, a_lane, wbuf, xbuf, acc, t, r_half, keep):
@@ -206,9 +215,20 @@ def mma_pair(acc, t, x, w, zero):
             acc[t, e] = c[e]
 
 
+# Distributed shared memory (sm_90+): map a shared address to the same offset in
+# cluster CTA `rank`, store there; the cluster barrier's release/acquire orders
+# those stores before the first CTA reads them.
+MAPA_PTX = "mapa.shared::cluster.u32 {$w0}, {$r0}, {$r1};"
+ST_CLUSTER_PTX = "st.shared::cluster.f32 [{$r0}], {$r1};"
+CLUSTER_SYNC_PTX = "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+
+
 @cute.jit
-def reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
-    """Sum the K-split warps' accumulators in shared memory; warp 0 of each row group stores its rows."""
+def reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank):
+    """Sum the K-split warps' accumulators in shared memory, then (split) the cluster's CTAs into CTA 0; store there.
+
+    Cluster CTA ``rank`` of a row group holds partial sums over its share of K.
+    """
     TILES = cfg.cols // MMA_ROWS
     WK = cfg.k_threads // WARP
     g = lane // 4
@@ -231,10 +251,39 @@ def reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
                 for j in cutlass.range_constexpr(1, WK):
                     total = total + sRed[grp, j, i, lane]
                 acc[i // 2, i % 2] = total
-    if wk == 0 and g < cfg.m:
-        for i in cutlass.range_constexpr(TILES * 2):
-            row = row0 + (i // 2) * MMA_ROWS + q * 2 + i % 2
-            store_output(out, residual, has_res, acc[i // 2, i % 2], g, row, n)
+    if cutlass.const_expr(cfg.split > 1):
+        # (split, groups, TILES * 2, 32) fp32 in every CTA; only CTA 0's is read: each CTA's warp-0 partials.
+        sX = cute.make_tensor(
+            cute.arch.alloc_smem(cutlass.Float32, cfg.split * cfg.groups * TILES * 2 * WARP, alignment=16),
+            cute.make_layout(
+                (cfg.split, cfg.groups, TILES * 2, WARP),
+                stride=(cfg.groups * TILES * 2 * WARP, TILES * 2 * WARP, WARP, 1),
+            ),
+        )
+        if wk == 0 and rank != 0:
+            for i in cutlass.range_constexpr(TILES * 2):
+                local = (sX.iterator + sX.layout((rank, grp, i, lane))).toint()
+                remote = cute.arch.inline_ptx(MAPA_PTX, write_only_types=[cutlass.Int32], read_only_args=[local, cutlass.Int32(0)])
+                cute.arch.inline_ptx(ST_CLUSTER_PTX, read_only_args=[remote, acc[i // 2, i % 2]])
+        cute.arch.inline_ptx(CLUSTER_SYNC_PTX)
+        if wk == 0 and rank == 0:
+            for i in cutlass.range_constexpr(TILES * 2):
+                total = acc[i // 2, i % 2]
+                for r in cutlass.range_constexpr(1, cfg.split):
+                    total = total + sX[r, grp, i, lane]
+                acc[i // 2, i % 2] = total
+            if g < cfg.m:
+                store_rows(cfg, acc, g, q, row0, out, residual, has_res, n)
+    elif wk == 0 and g < cfg.m:
+        store_rows(cfg, acc, g, q, row0, out, residual, has_res, n)
+
+
+@cute.jit
+def store_rows(cfg, acc, g, q, row0, out, residual, has_res, n):
+    """Store token g's c0, c1 of every tile: weight rows 2q, 2q+1 of each 8-row tile from row0."""
+    for i in cutlass.range_constexpr(cfg.cols // MMA_ROWS * 2):
+        row = row0 + (i // 2) * MMA_ROWS + q * 2 + i % 2
+        store_output(out, residual, has_res, acc[i // 2, i % 2], g, row, n)
 
 
 def compile_variant(cfg: KernelConfig, arch: str, dump_dir: str) -> bytes:

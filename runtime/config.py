@@ -30,6 +30,9 @@ MMA_ROWS, MMA_K_STEP = 8, 32
 STATIC_SMEM_LIMIT, BULK_ROW_PAD = 48 * 1024, 64
 # L2 fetch sizes a weight load may request (PTX ld ... .L2::64B/128B/256B; 0 = no hint).
 FETCH_SIZES = (0, 64, 128, 256)
+# CTAs of one thread-block cluster that split a row group's K ("mma" only): 8 is
+# the largest cluster every sm_90+ part launches without the non-portable opt-in.
+SPLITS = (1, 2, 4, 8)
 
 
 class ConfigError(ValueError):
@@ -65,6 +68,11 @@ class KernelConfig:
     ``L2::128B``/``L2::256B``; 0 = no hint): a larger fetch brings a row's next
     steps into L2 early, a smaller one wastes less of HBM's time on lines the
     grid's tail never uses; which wins depends on the shape (docs/perf.md v4).
+    ``split`` ("mma" only) has a thread-block cluster of that many CTAs share
+    one row group, each streaming 1/split of K, the partial sums meeting in
+    the first CTA's shared memory (distributed shared memory): the grid is
+    ``split`` times larger and each CTA's life that much shorter, so a grid's
+    last, partial wave costs less (docs/perf.md v6).
     """
 
     m: int
@@ -80,6 +88,7 @@ class KernelConfig:
     stages: int = 1
     early: bool = False
     fetch: int = 256
+    split: int = 1
 
     @property
     def groups(self) -> int:
@@ -88,14 +97,18 @@ class KernelConfig:
 
     @property
     def cols_per_cta(self) -> int:
-        """Output columns one CTA computes: the grid is n // cols_per_cta."""
+        """Output columns one CTA (one cluster, with ``split``) computes."""
         return self.groups * self.cols
+
+    def grid(self, n: int) -> int:
+        """CTAs the kernel launches for N outputs: one cluster of ``split`` CTAs per cols_per_cta columns."""
+        return n // self.cols_per_cta * self.split
 
     @property
     def k_step(self) -> int:
         """K elements consumed by one trip of the (unrolled) K loop."""
         if self.kind == "mma":
-            return self.k_threads // 32 * MMA_K_STEP * self.unroll * self.stages
+            return self.k_threads // 32 * MMA_K_STEP * self.unroll * self.stages * self.split
         if self.kind == "bulk":
             return self.k_threads // 32 * MMA_K_STEP * self.unroll
         return self.k_threads * self.vec * self.unroll
@@ -119,7 +132,7 @@ class KernelConfig:
             f"{self.kind}_m{self.m}_t{self.threads}_kt{self.k_threads}_c{self.cols}_v{self.vec}"
             f"_u{self.unroll}_{k}_{'pdl' if self.pdl else 'nopdl'}{'_pf' if self.prefetch else ''}"
             f"{f'_s{self.stages}' if self.stages != 1 else ''}{'_e' if self.early else ''}"
-            f"{f'_f{self.fetch}' if self.fetch != 256 else ''}"
+            f"{f'_f{self.fetch}' if self.fetch != 256 else ''}{f'_x{self.split}' if self.split != 1 else ''}"
         )
 
     @property
@@ -168,6 +181,13 @@ class KernelConfig:
             raise ConfigError(
                 f"rule 'fetch': fetch={self.fetch} is an mma option; kind {self.kind!r} keeps the default 256 "
                 "(its loads carry no hint, so another value would only duplicate the variant)"
+            )
+        if self.split not in SPLITS or isinstance(self.split, bool):
+            raise ConfigError(f"rule 'split': split={self.split!r} must be one of {SPLITS} CTAs per cluster")
+        if self.split != 1 and (self.kind != "mma" or self.prefetch):
+            raise ConfigError(
+                f"rule 'split': split={self.split} needs kind 'mma' without prefetch (kind={self.kind!r}, "
+                f"prefetch={self.prefetch}): only the mma kernel reduces across a cluster"
             )
         if self.m > MAX_M:
             raise ConfigError(f"rule 'm range': m={self.m} exceeds {MAX_M}")

@@ -196,8 +196,11 @@ def _variant_problem(directory: Path, v: Variant, want_sm: int, arch: str) -> st
     cfg = v.config
     if tuple(tuple(p) for p in v.params) != PARAMS:
         return f"parameter layout {list(v.params)} differs from the runtime ABI {list(PARAMS)}"
-    if v.block != (cfg.threads, 1, 1) or v.cols_per_cta != cfg.cols_per_cta or v.pdl != cfg.pdl:
-        return f"launch shape (block {v.block}, cols_per_cta {v.cols_per_cta}, pdl {v.pdl}) contradicts its config"
+    if (v.block, v.cols_per_cta, v.cluster, v.pdl) != ((cfg.threads, 1, 1), cfg.cols_per_cta, cfg.split, cfg.pdl):
+        return (
+            f"launch shape (block {v.block}, cols_per_cta {v.cols_per_cta}, cluster {v.cluster}, pdl {v.pdl}) "
+            "contradicts its config"
+        )
     if not v.file or Path(v.file).name != v.file:
         return f"file name {v.file!r} is not a plain name in the artifact dir"
     try:
@@ -258,20 +261,28 @@ class Launch:
         self.variant, self.function, self.n, self.k = variant, function, n, k
         # n and k are the i32 params at offsets 32 and 36: one little-endian u64 slot.
         self.nk = (n & 0xFFFFFFFF) | ((k & 0xFFFFFFFF) << 32)
-        self.grid = n // variant.cols_per_cta
+        self.grid = variant.config.grid(n)
         self.block = variant.block
         self.smem = variant.dynamic_smem
         self.config = None
+        attrs = []
         if variant.pdl:
+            attr = d.CUlaunchAttribute()
+            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
+        if variant.cluster > 1:
+            attr = d.CUlaunchAttribute()
+            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = variant.cluster, 1, 1
+            attrs.append(attr)
+        if attrs:
             cfg = d.CUlaunchConfig()
             cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.grid, 1, 1
             cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block
             cfg.sharedMemBytes = self.smem
-            attr = d.CUlaunchAttribute()
-            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
-            cfg.attrs = [attr]
-            cfg.numAttrs = 1
+            cfg.attrs = attrs
+            cfg.numAttrs = len(attrs)
             self.config = cfg
 
 

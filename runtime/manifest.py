@@ -40,6 +40,7 @@ class Variant:
     size: int
     block: tuple[int, int, int]
     cols_per_cta: int
+    cluster: int
     dynamic_smem: int
     pdl: bool
     params: tuple[tuple[str, int, int], ...]
@@ -121,6 +122,7 @@ def parse(path: Path, expected_version: str | None = None, expected_arch: str | 
                 size=int(v["size"]),
                 block=tuple(v["block"]),
                 cols_per_cta=int(v["grid"]["cols_per_cta"]),
+                cluster=int(v["grid"]["cluster"]),
                 dynamic_smem=int(v["dynamic_smem"]),
                 pdl=bool(v["pdl"]),
                 params=tuple(tuple(p) for p in v["params"]),

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from skinny_gemm.aot import build, cubin, plans
 from skinny_gemm.runtime.manifest import PARAMS, parse
 
@@ -70,11 +72,13 @@ def test_manifest_is_sorted_stable_json(built):
     assert raw["toolchain"]["cutlass_dsl"] == "4.8.1"
 
 
-def test_bulk_kernel_builds_with_the_shared_abi(built, tmp_path):
-    """The bulk-copy kernel (not in a plan yet) compiles for both archs to the same symbol and parameter layout."""
+@pytest.mark.parametrize("kind, split", [("bulk", 1), ("mma", 2)])
+def test_bulk_and_split_kernels_build_with_the_shared_abi(built, tmp_path, kind, split):
+    """The bulk-copy and cluster-split kernels (in no sm_121 plan) compile for both archs to the shared symbol and ABI."""
     from skinny_gemm.runtime.config import KernelConfig
 
-    cfg = KernelConfig(m=4, kind="bulk", threads=256, k_threads=256, cols=8, unroll=2, stages=4, prefetch=False)
+    cfg = KernelConfig(m=4, kind=kind, threads=256, k_threads=256, cols=8, unroll=2 if kind == "bulk" else 1,
+                       stages=4, prefetch=False, split=split)
     cfg.check(n=6416, k=4096)
     plan = built["root"] / "sm_90a" / "manifest.json"
     for arch in ARCHS:
@@ -86,3 +90,4 @@ def test_bulk_kernel_builds_with_the_shared_abi(built, tmp_path):
         kernel = info.kernels[cfg.symbol]
         assert kernel.params == [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
         assert tuple(kernel.reqntid) == (256, 1, 1)
+        assert variant.cluster == split

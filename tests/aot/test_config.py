@@ -48,6 +48,9 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, kind="bulk", threads=256, k_threads=256, cols=8, prefetch=True), "bulk tile"),
         (dict(m=1, kind="bulk", threads=256, k_threads=256, cols=16, unroll=4, stages=4, prefetch=False), "shared memory"),
         (dict(m=1, kind="bulk", threads=256, k_threads=256, cols=8, unroll=1, prefetch=False, fetch=128), "fetch"),
+        (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, split=3), "split"),
+        (dict(m=1, kind="mma", threads=256, cols=8, prefetch=True, split=2), "split"),
+        (dict(m=1, threads=256, prefetch=False, split=2), "split"),
     ],
 )
 def test_invalid_config_names_the_rule(kwargs, rule):
@@ -65,6 +68,11 @@ def test_shape_rules_name_the_rule():
         cfg.check(n=0, k=4096)
     with pytest.raises(ConfigError, match="rule 'int32 offsets'"):
         cfg.check(n=1 << 20, k=4096)
+    split = KernelConfig(m=1, kind="mma", threads=256, k_threads=256, cols=8, unroll=1, stages=4, prefetch=False, split=4)
+    split.check(n=4096, k=4096)
+    with pytest.raises(ConfigError, match="rule 'k divisible'"):
+        split.check(n=4096, k=2048)  # 4 CTAs x 8 warps x 4 stages x 32 k = 4096
+    assert split.grid(4096) == 4096 // 8 * 4
     static = dataclasses.replace(cfg, static_k=4096)
     with pytest.raises(ConfigError, match="rule 'static k'"):
         static.check(n=4096, k=8192)
@@ -86,6 +94,7 @@ def _variants(cfg):
         "stages": 2,
         "early": not cfg.early,
         "fetch": 128,
+        "split": 2,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes

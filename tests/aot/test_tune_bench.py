@@ -27,12 +27,13 @@ SHAPES = {
 def test_candidates_are_valid_and_bounded():
     for n, k, m in [(160, 4096, 1), (2048, 128, 4), (4096, 4096, 3), (38720, 4096, 2)]:
         cands = tune.candidates(n, k, m)
-        assert 1 <= len(cands) <= 150
+        assert 1 <= len(cands) <= 210
         assert len(set(cands)) == len(cands)
         for cfg in cands:
             cfg.check(n=n, k=k)
             assert cfg.m == m
         assert {c.kind for c in cands} == {"simt", "mma", "bulk"}
+        assert any(c.split > 1 for c in cands) == (k >= 1024), "cluster-split candidates wherever K can be split"
 
 
 def test_committed_plan_is_the_tuners_output(tmp_path):
@@ -122,6 +123,46 @@ def test_decode_phase_picks_the_lowest_step_time(monkeypatch):
     assert first["step_us"] == {"a": {"4": 11.0}, "b": {"4": 5.0}, "c": {"4": 19.0}}
     # Its only other candidate is under 1.05x: nothing to re-rank, the isolated winner stands.
     assert "decode" not in rows[1]
+
+
+def test_decode_phase_second_pass_revisits_earlier_cells(monkeypatch):
+    """A cell picked while a later cell sat on its isolated choice is re-picked once that cell has moved."""
+    import torch
+
+    from skinny_gemm.aot import measure as ms
+
+    launched = []
+
+    class Lib:
+        def launch(self, name, x, w, out, residual, n, k):
+            launched.append(name)
+
+    def capture(calls):
+        launched.clear()
+        for call in calls:
+            call()
+        return tuple(launched)
+
+    cost = {"a1": 3.0, "a2": 4.0, "y1": 3.0, "y2": 1.0}
+    # a1 and y1 slow each other down in the same step (+5).
+    monkeypatch.setattr(ms, "capture", capture)
+    monkeypatch.setattr(ms, "time_graphs", lambda graphs, per, trials: {
+        key: sum(cost[name] for name in g) + (5.0 if {"a1", "y1"} <= set(g) else 0.0) for key, g in graphs.items()})
+    cand = lambda us: {"config": {}, "bad_elements": 0, "us": us}  # noqa: E731
+    steps = [{"tp": 4, "calls": [[64, 32], [32, 64], [64, 32]]}, {"tp": 8, "calls": [[32, 64]]}]
+
+    def run(passes):
+        rows = [
+            {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": {"a1": cand(5.0), "a2": cand(6.0)}},
+            {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"y1": cand(5.0), "y2": cand(6.0)}},
+        ]
+        tune.decode_phase(Lib(), rows, steps, torch.device("cpu"), top=12, trials=1, progress=False, passes=passes)
+        return [r["decode"]["chosen"] for r in rows]
+
+    # One pass: a1 is judged next to y1 (its isolated pick) and loses; y then moves to y2.
+    assert run(1) == ["a2", "y2"]
+    # The second pass judges a1 next to y2, where it is the faster.
+    assert run(2) == ["a1", "y2"]
 
 
 def test_isolated_winners_rank_correct_fast_candidates():

@@ -166,7 +166,12 @@ class FakeDriver:
 
     def cuLaunchKernelEx(self, config, fn, argv, extra):
         assert extra == 0
-        attrs = [(int(a.id), a.value.programmaticStreamSerializationAllowed) for a in config.attrs[: config.numAttrs]]
+        cluster = int(self._real.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+        attrs = [
+            (int(a.id), (a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z) if int(a.id) == cluster
+             else a.value.programmaticStreamSerializationAllowed)
+            for a in config.attrs[: config.numAttrs]
+        ]
         grid = (config.gridDimX, config.gridDimY, config.gridDimZ)
         block = (config.blockDimX, config.blockDimY, config.blockDimZ)
         return self._record(fn, grid, block, config.sharedMemBytes, int(config.hStream), argv, attrs)
@@ -345,6 +350,30 @@ def test_launch_without_pdl_uses_plain_launch(fresh, art):
     plain = loader.Launch(dataclasses.replace(rec.variant, pdl=False), rec.function, rec.n, rec.k)
     loader.launch(plain, 16, 32, 48, 0, 5)
     assert fake.launches[-1]["attrs"] == [] and fake.launches[-1]["n"] == rec.n
+
+
+def test_cluster_split_launches_clusters(fresh, art):
+    """A split config launches split CTAs per row group, as clusters of split CTAs (with or without PDL)."""
+    fake = fresh()
+    rec = next(r for r in loader.DEVICES[0].table.values() if r.variant.config.kind == "mma")
+    cfg = dataclasses.replace(rec.variant.config, split=2, prefetch=False)
+    ids = fake.CUlaunchAttributeID
+    pdl, cluster = int(ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION), int(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+    for with_pdl, attrs in ((True, [(pdl, 1), (cluster, (2, 1, 1))]), (False, [(cluster, (2, 1, 1))])):
+        variant = dataclasses.replace(rec.variant, config=dataclasses.replace(cfg, pdl=with_pdl), cluster=2, pdl=with_pdl)
+        loader.launch(loader.Launch(variant, rec.function, rec.n, rec.k), 16, 32, 48, 0, 5)
+        assert fake.launches[-1]["grid"] == (rec.n // variant.cols_per_cta * 2, 1, 1)
+        assert fake.launches[-1]["attrs"] == attrs
+
+
+def test_manifest_cluster_contradicting_config_refused(fresh, art):
+    data = manifest_of(art)
+    v = data["variants"][0]
+    v["grid"]["cluster"] = 2
+    write_manifest(art, data)
+    msg = the_warning(fresh())
+    assert v["file"] in msg and "cluster 2" in msg and "contradicts its config" in msg
+    assert set(loader.DEVICES[0].table) == all_plans(art) - plans_of(art, v["id"])
 
 
 def test_launch_error_raises(fresh, art):

@@ -1,0 +1,35 @@
+"""Compile the cluster-split mma kernel's first sweep (8 cells) next to each cell's planned config (CPU).
+
+Usage, from the checkout: python docs/experiments/split_cells.py OUT_DIR
+Then on the H200: skinny-gemm tune measure OUT_DIR --results R.json --decode-top 0 --trials 7
+(every candidate is checked against the float64 reference before it is timed).
+"""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "aot"))
+import source_tree  # noqa: E402
+
+source_tree.register()
+from skinny_gemm.aot import plans  # noqa: E402
+from skinny_gemm.aot.build import build_configs  # noqa: E402
+from skinny_gemm.aot.tune import split_candidates  # noqa: E402
+
+CELLS = [(6416, 4096, 1), (6416, 4096, 4), (4096, 4096, 1), (4096, 4096, 4), (3336, 4096, 1), (3336, 4096, 4),
+         (4096, 2048, 4), (38720, 4096, 4)]
+
+out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+_, entries = plans.load(plans.plan_path("sm_90a"))
+planned = {(e.n, e.k, e.m): e.config for e in entries}
+rows, configs = [], {}
+for n, k, m in CELLS:
+    cands = split_candidates(n, k, m, splits=(2, 4, 8), k_threads_set=(64, 128, 256, 512)) + [planned[(n, k, m)]]
+    rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
+    configs.update({c.name: c for c in cands})
+(out / "cells.json").write_text(json.dumps({"arch": "sm_90a", "cells": rows}, indent=1, sort_keys=True))
+build_configs("sm_90a", configs.values(), [], out / "sm_90a", out / "cells.json", jobs=2, progress=False)
+print(f"{sum(len(r['candidates']) for r in rows)} timings, {len(configs)} variants -> {out}")
