@@ -58,6 +58,25 @@ SPLIT_PIPES = ((8, 4), (8, 8), (16, 2), (16, 4))
 SPLIT_FETCH = (256, 128)
 
 
+# Persistent SIMT (v7): grids of 4-8 CTAs per SM of the H200's 132 that walk the row groups.
+# Its first sweep (M=1, 8 cells, grids of 2/4/6/8 per SM) won with 4 and 6 per SM, never 2.
+PERSIST_GRIDS = (528, 660, 792, 924, 1056)
+
+
+def persist_candidates(n: int, k: int, m: int, grids=PERSIST_GRIDS) -> list[KernelConfig]:
+    """The persistent SIMT configs for one cell: K split, columns, unroll and grid cap, where the grid would be capped."""
+    found = []
+    for grid in grids:
+        for k_threads in (64, 128, 256):
+            for cols in (1, 2):
+                for unroll in (2, 4):
+                    cfg = KernelConfig(m=m, kind="simt", threads=256, k_threads=k_threads, cols=cols, unroll=unroll,
+                                       prefetch=False, early=True, persist=grid)
+                    if _valid(cfg, n, k) and n // cfg.cols_per_cta > grid:
+                        found.append(cfg)
+    return found
+
+
 def split_candidates(n: int, k: int, m: int, splits=(2, 4), k_threads_set=(64, 128, 256)) -> list[KernelConfig]:
     """The cluster-split mma configs for one cell: every split, pipeline, K split and fetch size that is valid."""
     found = []
@@ -73,7 +92,7 @@ def split_candidates(n: int, k: int, m: int, splits=(2, 4), k_threads_set=(64, 1
 
 
 def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most 200): the pipelined mma kernel (also cluster-split), the bulk-copy kernel, the SIMT kernel.
+    """Candidate configs for one cell (at most 250): the pipelined mma kernel (also cluster-split), the bulk-copy kernel, the SIMT kernel (also persistent).
 
     mma: per pipeline, every K split (warps per row tile) that divides K,
     each with every L2 fetch size in MMA_FETCH. Less K split leaves HBM idle; more
@@ -93,6 +112,8 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
                 if _valid(cfg, n, k):
                     found.append(cfg)
     found += split_candidates(n, k, m)
+    if m <= 2:
+        found += persist_candidates(n, k, m)
     # The bulk-copy kernel (v5 prototype, docs/perf.md): one row group per CTA,
     # rings of at least 12 KB (smaller ones left HBM idle in its first sweep)
     # unless the ring holds all of K.

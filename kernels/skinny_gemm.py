@@ -36,8 +36,6 @@ class SkinnyGemm(Launcher):
         """Device body: stream W once, FMA against every token, reduce, store."""
         cfg = self.cfg
         M, COLS, VEC, UNROLL, KT = cfg.m, cfg.cols, cfg.vec, cfg.unroll, cfg.k_threads
-        NWARP_K = max(KT // WARP, 1)
-        OUTS = M * COLS
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         kt = tidx % KT  # this thread's slot along K inside its group
@@ -48,25 +46,83 @@ class SkinnyGemm(Launcher):
         else:
             kk = cute.assume(k, divby=cfg.k_step)
 
-        acc = cute.make_rmem_tensor((M, COLS), cutlass.Float32)  # (M, COLS) fp32 partial sums
-        acc.fill(0.0)
-        step = KT * VEC * UNROLL
-        first = 0
-        if cutlass.const_expr(cfg.early):
-            # Trip 0's weight is in flight while the previous kernel drains.
-            w0 = self.load_weight(w, kk, col0, kt * VEC)
-            wait_previous_grid(cfg)
-            self.fma(acc, w0, self.load_tokens(a, kk, kt * VEC))
-            first = 1
+        if cutlass.const_expr(cfg.persist > 0):
+            self.walk(a, w, out, residual, n, kk, kt, grp, bidx)
         else:
-            prologue(cfg, w, tidx, bidx * cfg.cols_per_cta, kk)
-        if cutlass.const_expr(cfg.static_k > 0):
-            for trip in cutlass.range_constexpr(first, cfg.static_k // step):
-                self.mac(a, w, acc, kk, col0, kt * VEC + trip * step)
-        else:
-            for trip in cutlass.range(first, kk // step):
-                self.mac(a, w, acc, kk, col0, kt * VEC + trip * step)
+            acc = cute.make_rmem_tensor((M, COLS), cutlass.Float32)  # (M, COLS) fp32 partial sums
+            acc.fill(0.0)
+            step = KT * VEC * UNROLL
+            first = 0
+            if cutlass.const_expr(cfg.early):
+                # Trip 0's weight is in flight while the previous kernel drains.
+                w0 = self.load_weight(w, kk, col0, kt * VEC)
+                wait_previous_grid(cfg)
+                self.fma(acc, w0, self.load_tokens(a, kk, kt * VEC))
+                first = 1
+            else:
+                prologue(cfg, w, tidx, bidx * cfg.cols_per_cta, kk)
+            if cutlass.const_expr(cfg.static_k > 0):
+                for trip in cutlass.range_constexpr(first, cfg.static_k // step):
+                    self.mac(a, w, acc, kk, col0, kt * VEC + trip * step)
+            else:
+                for trip in cutlass.range(first, kk // step):
+                    self.mac(a, w, acc, kk, col0, kt * VEC + trip * step)
+            self.reduce_store(acc, out, residual, n, col0, kt, grp)
 
+    @cute.jit
+    def walk(self, a, w, out, residual, n, kk, kt, grp, bidx):
+        """``persist``: this CTA's row groups, ``gridDim`` apart; each group's first trip is loaded one group ahead."""
+        cfg = self.cfg
+        COLS, VEC = cfg.cols, cfg.vec
+        step = cfg.k_threads * VEC * cfg.unroll
+        groups = n // cfg.cols_per_cta
+        nct, _, _ = cute.arch.grid_dim()
+        wbuf = cute.make_rmem_tensor((cfg.unroll * COLS * VEC,), cutlass.BFloat16)  # (UNROLL x COLS x VEC) bf16: next trip 0
+        self.stash(wbuf, self.load_weight(w, kk, bidx * cfg.cols_per_cta + grp * COLS, kt * VEC))
+        wait_previous_grid(cfg)
+        for g in cutlass.range(bidx, groups, nct, unroll=1):
+            col0 = g * cfg.cols_per_cta + grp * COLS
+            wcur = self.unstash(wbuf)
+            # Past the last group, reload this one (an L2 hit) instead of branching around the loads.
+            nxt = g + nct
+            over = (groups - 1 - nxt) >> 31
+            gn = (nxt & (over ^ cutlass.Int32(-1))) | (g & over)
+            self.stash(wbuf, self.load_weight(w, kk, gn * cfg.cols_per_cta + grp * COLS, kt * VEC))
+            acc = cute.make_rmem_tensor((cfg.m, COLS), cutlass.Float32)  # (M, COLS) fp32 partial sums
+            acc.fill(0.0)
+            self.fma(acc, wcur, self.load_tokens(a, kk, kt * VEC))
+            for trip in cutlass.range(1, kk // step):
+                self.mac(a, w, acc, kk, col0, kt * VEC + trip * step)
+            self.reduce_store(acc, out, residual, n, col0, kt, grp)
+            if cutlass.const_expr(cfg.k_threads > WARP):
+                cute.arch.sync_threads()  # the next group rewrites the reduction's shared memory
+
+    @cute.jit
+    def stash(self, wbuf, frag):
+        """Keep one trip's weight vectors ([UNROLL][COLS] of (VEC,)) in the register buffer ``wbuf``."""
+        cfg = self.cfg
+        for u in cutlass.range_constexpr(cfg.unroll):
+            for j in cutlass.range_constexpr(cfg.cols):
+                off = (u * cfg.cols + j) * cfg.vec
+                cute.make_tensor(wbuf.iterator + off, cute.make_layout(cfg.vec)).store(frag[u][j])
+
+    @cute.jit
+    def unstash(self, wbuf):
+        """The trip kept by ``stash``, as [UNROLL][COLS] of (VEC,) bf16 vectors."""
+        cfg = self.cfg
+        return [
+            [cute.make_tensor(wbuf.iterator + (u * cfg.cols + j) * cfg.vec, cute.make_layout(cfg.vec)).load()
+             for j in range(cfg.cols)]
+            for u in range(cfg.unroll)
+        ]
+
+    @cute.jit
+    def reduce_store(self, acc, out, residual, n, col0, kt, grp):
+        """Sum the group's K slots (lanes, then warps through shared memory) and store its M x COLS outputs."""
+        cfg = self.cfg
+        M, COLS, KT = cfg.m, cfg.cols, cfg.k_threads
+        NWARP_K = max(KT // WARP, 1)
+        OUTS = M * COLS
         # Butterfly over the group's lanes: afterwards every lane holds its warp's sum.
         lanes = min(KT, WARP)
         for i in cutlass.range_constexpr(OUTS):

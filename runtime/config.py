@@ -73,6 +73,12 @@ class KernelConfig:
     the first CTA's shared memory (distributed shared memory): the grid is
     ``split`` times larger and each CTA's life that much shorter, so a grid's
     last, partial wave costs less (docs/perf.md v6).
+    ``persist`` ("simt" with ``early`` only; 0 = off) caps the grid at that many
+    CTAs, each walking row groups ``persist`` apart and loading the next group's
+    first K trip before it reduces the current one: CTAs never exit between
+    groups, so no wave of them ends (and restarts its HBM ramp) at once, and a
+    grid under half the SM's threads leaves room for the next kernel's CTAs to
+    load their weight before the PDL wait (docs/perf.md v7).
     """
 
     m: int
@@ -89,6 +95,7 @@ class KernelConfig:
     early: bool = False
     fetch: int = 256
     split: int = 1
+    persist: int = 0
 
     @property
     def groups(self) -> int:
@@ -101,8 +108,9 @@ class KernelConfig:
         return self.groups * self.cols
 
     def grid(self, n: int) -> int:
-        """CTAs the kernel launches for N outputs: one cluster of ``split`` CTAs per cols_per_cta columns."""
-        return n // self.cols_per_cta * self.split
+        """CTAs the kernel launches for N outputs: a cluster of ``split`` CTAs per cols_per_cta columns, at most ``persist``."""
+        groups = n // self.cols_per_cta
+        return (min(groups, self.persist) if self.persist else groups) * self.split
 
     @property
     def k_step(self) -> int:
@@ -133,6 +141,7 @@ class KernelConfig:
             f"_u{self.unroll}_{k}_{'pdl' if self.pdl else 'nopdl'}{'_pf' if self.prefetch else ''}"
             f"{f'_s{self.stages}' if self.stages != 1 else ''}{'_e' if self.early else ''}"
             f"{f'_f{self.fetch}' if self.fetch != 256 else ''}{f'_x{self.split}' if self.split != 1 else ''}"
+            f"{f'_p{self.persist}' if self.persist else ''}"
         )
 
     @property
@@ -188,6 +197,14 @@ class KernelConfig:
             raise ConfigError(
                 f"rule 'split': split={self.split} needs kind 'mma' without prefetch (kind={self.kind!r}, "
                 f"prefetch={self.prefetch}): only the mma kernel reduces across a cluster"
+            )
+        if not isinstance(self.persist, int) or isinstance(self.persist, bool) or self.persist < 0:
+            raise ConfigError(f"rule 'persist': persist={self.persist!r} must be an int >= 0 (0 = one CTA per row group)")
+        if self.persist and (self.kind != "simt" or not self.early or self.prefetch):
+            raise ConfigError(
+                f"rule 'persist': persist={self.persist} needs kind 'simt' with early and without prefetch "
+                f"(kind={self.kind!r}, early={self.early}, prefetch={self.prefetch}): the walk preloads each "
+                "group's first trip, the first one before the PDL wait"
             )
         if self.m > MAX_M:
             raise ConfigError(f"rule 'm range': m={self.m} exceeds {MAX_M}")

@@ -51,6 +51,10 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, split=3), "split"),
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=True, split=2), "split"),
         (dict(m=1, threads=256, prefetch=False, split=2), "split"),
+        (dict(m=1, threads=256, prefetch=False, early=False, persist=528), "persist"),
+        (dict(m=1, threads=256, prefetch=True, early=True, persist=528), "persist"),
+        (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, persist=528), "persist"),
+        (dict(m=1, threads=256, prefetch=False, early=True, persist=-1), "persist"),
     ],
 )
 def test_invalid_config_names_the_rule(kwargs, rule):
@@ -73,6 +77,8 @@ def test_shape_rules_name_the_rule():
     with pytest.raises(ConfigError, match="rule 'k divisible'"):
         split.check(n=4096, k=2048)  # 4 CTAs x 8 warps x 4 stages x 32 k = 4096
     assert split.grid(4096) == 4096 // 8 * 4
+    walk = KernelConfig(m=1, threads=256, k_threads=256, cols=1, unroll=2, prefetch=False, early=True, persist=792)
+    assert (walk.grid(6416), walk.grid(160)) == (792, 160), "persist caps the grid, never raises it"
     static = dataclasses.replace(cfg, static_k=4096)
     with pytest.raises(ConfigError, match="rule 'static k'"):
         static.check(n=4096, k=8192)
@@ -95,6 +101,7 @@ def _variants(cfg):
         "early": not cfg.early,
         "fetch": 128,
         "split": 2,
+        "persist": 528,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes

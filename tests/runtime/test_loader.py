@@ -366,6 +366,15 @@ def test_cluster_split_launches_clusters(fresh, art):
         assert fake.launches[-1]["attrs"] == attrs
 
 
+def test_persistent_config_caps_the_grid(fresh, art):
+    fake = fresh()
+    rec = next(r for r in loader.DEVICES[0].table.values() if r.variant.config.kind == "simt")
+    groups = rec.n // rec.variant.cols_per_cta
+    cfg = dataclasses.replace(rec.variant.config, prefetch=False, early=True, pdl=True, persist=max(groups // 2, 1))
+    loader.launch(loader.Launch(dataclasses.replace(rec.variant, config=cfg), rec.function, rec.n, rec.k), 16, 32, 48, 0, 5)
+    assert fake.launches[-1]["grid"] == (max(groups // 2, 1), 1, 1)
+
+
 def test_manifest_cluster_contradicting_config_refused(fresh, art):
     data = manifest_of(art)
     v = data["variants"][0]

@@ -1,6 +1,8 @@
-"""Compile the cluster-split mma kernel's first sweep (8 cells) next to each cell's planned config (CPU).
+"""Compile a first sweep of a new kernel option over 8 cells, next to each cell's planned config (CPU).
 
-Usage, from the checkout: python docs/experiments/split_cells.py OUT_DIR
+Usage, from the checkout: python docs/experiments/sweep_cells.py split|persist OUT_DIR
+  split:   the cluster-split mma kernel (v6), splits 2/4/8, K splits 64-512 threads
+  persist: the persistent SIMT kernel (v7), M=1 cells
 Then on the H200: skinny-gemm tune measure OUT_DIR --results R.json --decode-top 0 --trials 7
 (every candidate is checked against the float64 reference before it is timed).
 """
@@ -16,18 +18,29 @@ import source_tree  # noqa: E402
 source_tree.register()
 from skinny_gemm.aot import plans  # noqa: E402
 from skinny_gemm.aot.build import build_configs  # noqa: E402
-from skinny_gemm.aot.tune import split_candidates  # noqa: E402
+from skinny_gemm.aot.tune import persist_candidates, split_candidates  # noqa: E402
 
-CELLS = [(6416, 4096, 1), (6416, 4096, 4), (4096, 4096, 1), (4096, 4096, 4), (3336, 4096, 1), (3336, 4096, 4),
-         (4096, 2048, 4), (38720, 4096, 4)]
+SWEEPS = {
+    "split": (
+        [(6416, 4096, 1), (6416, 4096, 4), (4096, 4096, 1), (4096, 4096, 4), (3336, 4096, 1), (3336, 4096, 4),
+         (4096, 2048, 4), (38720, 4096, 4)],
+        lambda n, k, m: split_candidates(n, k, m, splits=(2, 4, 8), k_threads_set=(64, 128, 256, 512)),
+    ),
+    "persist": (
+        [(6416, 4096, 1), (4096, 4096, 1), (3336, 4096, 1), (38720, 4096, 1), (19360, 4096, 1), (4096, 2048, 1),
+         (2048, 4096, 1), (4096, 1536, 1)],
+        persist_candidates,
+    ),
+}
 
-out = Path(sys.argv[1])
+cells, generate = SWEEPS[sys.argv[1]]
+out = Path(sys.argv[2])
 out.mkdir(parents=True, exist_ok=True)
 _, entries = plans.load(plans.plan_path("sm_90a"))
 planned = {(e.n, e.k, e.m): e.config for e in entries}
 rows, configs = [], {}
-for n, k, m in CELLS:
-    cands = split_candidates(n, k, m, splits=(2, 4, 8), k_threads_set=(64, 128, 256, 512)) + [planned[(n, k, m)]]
+for n, k, m in cells:
+    cands = generate(n, k, m) + [planned[(n, k, m)]]
     rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
     configs.update({c.name: c for c in cands})
 (out / "cells.json").write_text(json.dumps({"arch": "sm_90a", "cells": rows}, indent=1, sort_keys=True))
