@@ -130,17 +130,20 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
     # columns per group won 2 of 52 cells by under 2%: dropped.)
     # Each with one of three starts: L2 prefetch, nothing, or the first trip's
     # weight loads issued before the PDL wait (`early`).
-    # At M=1, also 4 loads per thread in flight (twice the bytes per CTA of the default 2).
+    # At M=1, also 4 loads per thread in flight (twice the bytes per CTA of the default 2),
+    # and CTAs of 128 and 512 threads: inside the decode step the CTA shape moved the TP8
+    # step by up to 19 us at equal isolated speed (perf.md v7 sweep).
     simt = []
     unrolls = (2 if k >= 1024 else 1,) + ((4,) if m == 1 and k >= 2048 else ())
-    for k_threads in (16, 32, 64, 128, 256):
-        for cols in (1, 2):
-            for unroll in unrolls:
-                for prefetch, early in ((True, False), (False, False), (False, True)):
-                    cfg = KernelConfig(m=m, kind="simt", threads=256, k_threads=k_threads, cols=cols,
-                                       unroll=unroll, prefetch=prefetch, early=early)
-                    if _valid(cfg, n, k):
-                        simt.append(cfg)
+    for threads in (128, 256, 512) if m == 1 else (256,):
+        for k_threads in (16, 32, 64, 128, 256):
+            for cols in (1, 2):
+                for unroll in unrolls:
+                    for prefetch, early in ((True, False), (False, False), (False, True)):
+                        cfg = KernelConfig(m=m, kind="simt", threads=threads, k_threads=k_threads, cols=cols,
+                                           unroll=unroll, prefetch=prefetch, early=early)
+                        if k_threads <= threads and _valid(cfg, n, k):
+                            simt.append(cfg)
     # Too few CTAs leave most of the 132 SMs idle: keep configs within 4x of the
     # most CTAs any candidate reaches (all of them for tiny N such as 160).
     if simt:
@@ -158,12 +161,15 @@ def _valid(cfg: KernelConfig, n: int, k: int) -> bool:
     return True
 
 
-def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None) -> str:
-    """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary line."""
+def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None, ms: list[int] | None = None) -> str:
+    """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary line.
+
+    ``ms`` keeps only the cells of those token counts (the decode phase ranks each M on its own).
+    """
     from . import plans
     from .build import build_configs, main_summary
 
-    cells = plans.seed_shapes(arch, shapes_file)
+    cells = [c for c in plans.seed_shapes(arch, shapes_file) if not ms or c[2] in ms]
     steps = plans.decode_steps(arch, shapes_file)
     rows, configs = [], set()
     for n, k, m in cells:
@@ -342,15 +348,37 @@ def _check(lib, cfg: KernelConfig, n: int, k: int, m: int, device, ms) -> int:
     return bad
 
 
-def write_plan(results: Path, min_speedup: float = MIN_SPEEDUP, out: Path | None = None) -> tuple[Path, int, int]:
-    """Turn measured results into kernels/plans/<arch>.json (or ``out``); return (path, planned, left on cuBLAS)."""
+def merge_results(paths: list[Path]) -> list[tuple[dict, dict]]:
+    """(results file, cell row) per cell over several results files of one arch; a later file's cell replaces an earlier one's.
+
+    Each file is one `tune measure` run: its cells were timed against cuBLAS in that run,
+    and its decode phase ranked each M inside the whole step, so whole token counts can be
+    re-tuned alone (`tune prepare --m`) and merged.
+    """
+    cells: dict = {}
+    arch = None
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if arch not in (None, data["arch"]):
+            raise ValueError(f"{path}: results for {data['arch']}, the others are for {arch}")
+        arch = data["arch"]
+        for row in data["cells"]:
+            cells[(row["n"], row["k"], row["m"])] = (data, row)
+    return [cells[key] for key in sorted(cells)]
+
+
+def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = None) -> tuple[Path, int, int]:
+    """Turn measured results (one file or a list, merged) into kernels/plans/<arch>.json (or ``out``).
+
+    Returns (path, cells planned, cells left on cuBLAS).
+    """
     from . import plans
     from .plans import PlanEntry
 
-    data = json.loads(Path(results).read_text())
-    arch = data["arch"]
+    merged = merge_results(results if isinstance(results, (list, tuple)) else [results])
+    arch = merged[0][0]["arch"]
     entries, skipped = [], 0
-    for row in data["cells"]:
+    for data, row in merged:
         winners = isolated_winners(row, min_speedup)
         if not winners:
             skipped += 1
@@ -373,11 +401,13 @@ def write_plan(results: Path, min_speedup: float = MIN_SPEEDUP, out: Path | None
         if name == chosen:
             prov["chosen_in"] = "decode step"
         entries.append(PlanEntry(row["n"], row["k"], row["m"], cfg, prov))
+    runs = sorted({(d["gpu"], d["date"]) for d, _ in merged})
     header = {
         "arch": arch,
         "capability": list(plans.CAPABILITY_FOR_ARCH[arch]),
         "dtype": "bfloat16",
-        "source": f"skinny-gemm tune on {data['gpu']}, {data['date']}; cells under {min_speedup}x stay on cuBLAS",
+        "source": f"skinny-gemm tune on {', '.join(f'{g}, {day}' for g, day in runs)}; "
+        f"cells under {min_speedup}x stay on cuBLAS",
     }
     path = Path(out) if out else plans.plan_path(arch)
     path.write_text(plans.render(header, entries))
@@ -393,6 +423,8 @@ def add_arguments(p) -> None:
     pr.add_argument("--shapes", required=True, type=Path, help="the model's shapes file")
     pr.add_argument("--out", required=True, type=Path, help="candidate directory to create")
     pr.add_argument("--jobs", type=int)
+    pr.add_argument("--m", type=int, nargs="+", metavar="M",
+                    help="only the cells of these token counts (default: every M of the seed set)")
     me = sub.add_parser("measure", help="check and time candidates vs cuBLAS (GPU, from the installed wheel)")
     me.add_argument("dir", type=Path, help="a directory made by `tune prepare`")
     me.add_argument("--results", required=True, type=Path, help="results JSON to write")
@@ -404,7 +436,8 @@ def add_arguments(p) -> None:
                     help=f"passes of that phase over the cells; each pass re-times every cell with the others on "
                     f"their latest choice, the last pass decides (default {DECODE_PASSES})")
     wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
-    wr.add_argument("results", type=Path)
+    wr.add_argument("results", type=Path, nargs="+",
+                    help="results of `tune measure`; with several, a later file's cells replace an earlier one's")
     wr.add_argument("--min-speedup", type=float, default=MIN_SPEEDUP)
     p.set_defaults(func=main)
 
@@ -412,7 +445,7 @@ def add_arguments(p) -> None:
 def main(args) -> int:
     """Run one tuning phase."""
     if args.phase == "prepare":
-        print(prepare(args.arch, args.shapes, args.out, args.jobs))
+        print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m))
     elif args.phase == "measure":
         data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top, decode_passes=args.decode_passes)
         print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")

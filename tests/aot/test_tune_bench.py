@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from skinny_gemm.aot import bench, plans, tune
 from skinny_gemm.aot.build import PACKAGE_ROOT
 
@@ -27,7 +29,7 @@ SHAPES = {
 def test_candidates_are_valid_and_bounded():
     for n, k, m in [(160, 4096, 1), (2048, 128, 4), (4096, 4096, 3), (38720, 4096, 2)]:
         cands = tune.candidates(n, k, m)
-        assert 1 <= len(cands) <= 260
+        assert 1 <= len(cands) <= 360
         assert len(set(cands)) == len(cands)
         for cfg in cands:
             cfg.check(n=n, k=k)
@@ -37,13 +39,17 @@ def test_candidates_are_valid_and_bounded():
 
 
 def test_committed_plan_is_the_tuners_output(tmp_path):
-    """kernels/plans/sm_90a.json is exactly what `tune write` makes of the committed H200 results."""
-    results = PACKAGE_ROOT / "docs" / "results" / "tune-sm_90a-h200.json"
+    """kernels/plans/sm_90a.json is exactly what `tune write` makes of the committed H200 results.
+
+    Two runs: the whole seed set, then its M=1 cells again with more SIMT CTA shapes
+    (`tune prepare --m 1`); the second run's cells replace the first's.
+    """
+    runs = [PACKAGE_ROOT / "docs" / "results" / name for name in ("tune-sm_90a-h200.json", "tune-sm_90a-h200-m1.json")]
     out = tmp_path / "sm_90a.json"
-    path, planned, skipped = tune.write_plan(results, out=out)
+    path, planned, skipped = tune.write_plan(runs, out=out)
     assert out.read_text() == plans.plan_path("sm_90a").read_text()
     _, entries = plans.load(out)
-    assert planned == len(entries) and planned + skipped == len(json.loads(results.read_text())["cells"])
+    assert planned == len(entries) and planned + skipped == len(json.loads(runs[0].read_text())["cells"])
     for e in entries:
         assert e.provenance["kind"] == "measured" and e.provenance["speedup"] >= tune.MIN_SPEEDUP
         assert e.provenance["gpu"] == "NVIDIA H200"
@@ -70,6 +76,27 @@ def test_write_plan_keeps_only_cells_that_win(tmp_path):
     assert (planned, skipped) == (1, 2)  # 1.01x is under 1.05x; a wrong result never wins
     _, entries = plans.load(tmp_path / "plan.json")
     assert [(e.m, e.provenance["speedup"]) for e in entries] == [(3, 1.25)]
+
+
+def test_write_plan_merges_results_later_files_replace_cells(tmp_path):
+    """Re-tuning one M (`tune prepare --m 1`) and writing both files: the later file's cells win, the rest stay."""
+    cfg = lambda m: tune.candidates(4096, 4096, m)[0].to_json()  # noqa: E731
+    cell = lambda m, us: {"n": 4096, "k": 4096, "m": m, "cublas_us": 10.0,  # noqa: E731
+                          "candidates": {"a": {"config": cfg(m), "bad_elements": 0, "us": us}}}
+    run = lambda date, cells: {"arch": "sm_90a", "gpu": "test GPU", "date": date, "method": "synthetic",  # noqa: E731
+                               "cells": cells}
+    first, second = tmp_path / "all.json", tmp_path / "m1.json"
+    first.write_text(json.dumps(run("2026-11-28", [cell(1, 8.0), cell(2, 9.0)])))
+    second.write_text(json.dumps(run("2026-11-29", [cell(1, 5.0)])))
+    _, planned, skipped = tune.write_plan([first, second], out=tmp_path / "plan.json")
+    assert (planned, skipped) == (2, 0)
+    header, entries = plans.load(tmp_path / "plan.json")
+    assert [(e.m, e.provenance["plan_us"], e.provenance["date"]) for e in entries] == [
+        (1, 5.0, "2026-11-29"), (2, 9.0, "2026-11-28")]
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**run("2026-11-29", [cell(1, 5.0)]), "arch": "sm_121"}))
+    with pytest.raises(ValueError, match="sm_121"):
+        tune.write_plan([first, other], out=tmp_path / "plan.json")
 
 
 def test_write_plan_prefers_the_decode_step_choice(tmp_path):
