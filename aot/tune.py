@@ -132,7 +132,8 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
     # weight loads issued before the PDL wait (`early`).
     # At M=1, also 4 loads per thread in flight (twice the bytes per CTA of the default 2),
     # and CTAs of 128 and 512 threads: inside the decode step the CTA shape moved the TP8
-    # step by up to 19 us at equal isolated speed (perf.md v7 sweep).
+    # step by up to 19 us at equal isolated speed (perf.md v7 sweep); 128 and 512 threads
+    # took 10 of the 13 M=1 cells and 14 us off the TP4 step; 64 and 1024 took none (perf.md v8).
     simt = []
     unrolls = (2 if k >= 1024 else 1,) + ((4,) if m == 1 and k >= 2048 else ())
     for threads in (128, 256, 512) if m == 1 else (256,):
