@@ -8,7 +8,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..runtime.manifest import MANIFEST_NAME, PARAMS, ManifestError, parse, sha256_file
+from ..runtime.manifest import MANIFEST_NAME, PARAMS, ManifestError, launch_problem, parse, sha256_file
 from . import cubin as cubin_mod
 from .build import PACKAGE_ROOT, source_digest
 
@@ -48,6 +48,9 @@ def verify_arch_dir(arch_dir: Path, tree: Path) -> list[str]:
     expected_params = [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
     for variant in man.variants.values():
         path = arch_dir / variant.file
+        launch = launch_problem(variant)
+        if launch:
+            problems.append(f"{path}: {launch}")
         if not path.is_file():
             problems.append(f"{path}: missing (variant {variant.id})")
             continue

@@ -59,7 +59,7 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError
-from .manifest import ARCH_FOR_CAPABILITY, MANIFEST_NAME, PARAMS, Manifest, ManifestError, Variant, parse
+from .manifest import ARCH_FOR_CAPABILITY, MANIFEST_NAME, PARAMS, Manifest, ManifestError, Variant, launch_problem, parse
 from .version import __version__
 
 log = logging.getLogger("skinny_gemm")
@@ -193,14 +193,11 @@ def check_dir(directory: Path, arch: str | None) -> tuple[Library, dict[str, byt
 
 def _variant_problem(directory: Path, v: Variant, want_sm: int, arch: str) -> str | bytes:
     """The cubin's bytes if the variant passes every host check, else the reason it is refused."""
-    cfg = v.config
     if tuple(tuple(p) for p in v.params) != PARAMS:
         return f"parameter layout {list(v.params)} differs from the runtime ABI {list(PARAMS)}"
-    if (v.block, v.cols_per_cta, v.cluster, v.pdl) != ((cfg.threads, 1, 1), cfg.cols_per_cta, cfg.split, cfg.pdl):
-        return (
-            f"launch shape (block {v.block}, cols_per_cta {v.cols_per_cta}, cluster {v.cluster}, pdl {v.pdl}) "
-            "contradicts its config"
-        )
+    launch = launch_problem(v)
+    if launch:
+        return launch
     if not v.file or Path(v.file).name != v.file:
         return f"file name {v.file!r} is not a plain name in the artifact dir"
     try:

@@ -63,6 +63,17 @@ class Manifest:
         return self.path.parent
 
 
+def launch_problem(v: Variant) -> str | None:
+    """Why a variant's recorded launch shape (block, columns per CTA, cluster, PDL) contradicts its config, or None."""
+    cfg = v.config
+    if (v.block, v.cols_per_cta, v.cluster, v.pdl) != ((cfg.threads, 1, 1), cfg.cols_per_cta, cfg.split, cfg.pdl):
+        return (
+            f"launch shape (block {v.block}, cols_per_cta {v.cols_per_cta}, cluster {v.cluster}, pdl {v.pdl}) "
+            "contradicts its config"
+        )
+    return None
+
+
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file's bytes."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()

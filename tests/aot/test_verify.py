@@ -82,6 +82,18 @@ def test_manifest_from_older_schema_is_caught(build_copy):
     assert problems == [f"{man_path}: manifest schema 0, this package reads schema 1"]
 
 
+def test_launch_shape_contradicting_config_is_caught(build_copy):
+    """A manifest whose grid record asks for clusters its config never reduces across: the loader would refuse it too."""
+    man_path = build_copy / "sm_90a" / "manifest.json"
+    man = json.loads(man_path.read_text())
+    variant = man["variants"][0]
+    variant["grid"]["cluster"] = 2
+    man_path.write_text(json.dumps(man))
+    (problem,) = _problems(build_copy)
+    assert problem.startswith(str(build_copy / "sm_90a" / variant["file"]))
+    assert "cluster 2" in problem and "contradicts its config" in problem
+
+
 def test_orphan_file_is_caught(build_copy):
     stray = build_copy / "sm_121" / "old_variant.cubin"
     stray.write_bytes(b"\x7fELF")
