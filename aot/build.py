@@ -104,7 +104,8 @@ def _variant_record(cfg: KernelConfig, blob: bytes, arch: str) -> dict:
         "grid": {
             "cols_per_cta": cfg.cols_per_cta,
             "cluster": cfg.split,
-            "rule": "grid = (n / cols_per_cta * cluster, 1, 1), clusters of (cluster, 1, 1) CTAs",
+            "persist": cfg.persist,
+            "rule": "grid = (min(n / cols_per_cta, persist or n) * cluster, 1, 1), clusters of (cluster, 1, 1) CTAs",
         },
         "dynamic_smem": 0,
         "pdl": cfg.pdl,

@@ -25,8 +25,10 @@ that to 1017 us (docs/perf.md v4).
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
+import sys
 from pathlib import Path
 
 from ..runtime.config import ConfigError, KernelConfig
@@ -51,6 +53,10 @@ MMA_PIPES = ((8, 4), (8, 8), (8, 16), (16, 2), (16, 4), (32, 2))
 # decode-step pick for the mma kernel in the v4 sweep: it is no longer timed there.
 MMA_FETCH = (256, 128, 0)
 BULK_MIN_RING = 12 * 1024
+# Most candidates `candidates` gives one cell of the sm_90a seed set (38720x4096 at M=1: 358).
+MAX_CANDIDATES = 400
+# SMs of the H200 (and H100 SXM), for the persistent grids below.
+H200_SMS = 132
 # Cluster-split mma (v6): K shared by the CTAs of a cluster. Its first sweep (8 cells,
 # splits 2/4/8, K splits 64-512 threads) won with 2 or 4 CTAs of 64-256 threads; 8 never
 # placed in a cell's top five (docs/perf.md v6).
@@ -64,7 +70,7 @@ PERSIST_GRIDS = (528, 660, 792, 924, 1056)
 
 
 def persist_candidates(n: int, k: int, m: int, grids=PERSIST_GRIDS) -> list[KernelConfig]:
-    """The persistent SIMT configs for one cell: K split, columns, unroll and grid cap, where the grid would be capped."""
+    """The persistent SIMT configs for one cell whose grid is capped and can be resident at once on the H200."""
     found = []
     for grid in grids:
         for k_threads in (64, 128, 256):
@@ -72,9 +78,20 @@ def persist_candidates(n: int, k: int, m: int, grids=PERSIST_GRIDS) -> list[Kern
                 for unroll in (2, 4):
                     cfg = KernelConfig(m=m, kind="simt", threads=256, k_threads=k_threads, cols=cols, unroll=unroll,
                                        prefetch=False, early=True, persist=grid)
-                    if _valid(cfg, n, k) and n // cfg.cols_per_cta > grid:
+                    capped = n // cfg.cols_per_cta > grid
+                    if _valid(cfg, n, k) and capped and grid <= H200_SMS * _resident_ctas(cfg):
                         found.append(cfg)
     return found
+
+
+def _resident_ctas(cfg: KernelConfig) -> int:
+    """CTAs of ``cfg`` one sm_90 SM holds at once: 2048 threads, 64K registers (an estimate: the
+    config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps)."""
+    regs = cfg.m * cfg.cols + cfg.unroll * (cfg.cols + cfg.m) * cfg.vec // 2
+    if cfg.persist:
+        regs += cfg.unroll * cfg.cols * cfg.vec // 2
+    regs = -(-(regs + 24) // 8) * 8
+    return min(2048 // cfg.threads, 65536 // (cfg.threads * regs))
 
 
 def split_candidates(n: int, k: int, m: int, splits=(2, 4), k_threads_set=(64, 128, 256)) -> list[KernelConfig]:
@@ -92,7 +109,7 @@ def split_candidates(n: int, k: int, m: int, splits=(2, 4), k_threads_set=(64, 1
 
 
 def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most 250): the pipelined mma kernel (also cluster-split), the bulk-copy kernel, the SIMT kernel (also persistent).
+    """Candidate configs for one cell (at most MAX_CANDIDATES): the pipelined mma kernel (also cluster-split), the bulk-copy kernel, the SIMT kernel (also persistent).
 
     mma: per pipeline, every K split (warps per row tile) that divides K,
     each with every L2 fetch size in MMA_FETCH. Less K split leaves HBM idle; more
@@ -170,7 +187,11 @@ def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None, ms
     from . import plans
     from .build import build_configs, main_summary
 
-    cells = [c for c in plans.seed_shapes(arch, shapes_file) if not ms or c[2] in ms]
+    seed = plans.seed_shapes(arch, shapes_file)
+    unknown = sorted(set(ms or ()) - {c[2] for c in seed})
+    if unknown:
+        raise ValueError(f"M={unknown} is not in the {arch} seed set's token counts {sorted({c[2] for c in seed})}")
+    cells = [c for c in seed if not ms or c[2] in ms]
     steps = plans.decode_steps(arch, shapes_file)
     rows, configs = [], set()
     for n, k, m in cells:
@@ -377,6 +398,8 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
     from .plans import PlanEntry
 
     merged = merge_results(results if isinstance(results, (list, tuple)) else [results])
+    if not merged:
+        raise ValueError(f"no measured cells in {results}: nothing to write")
     arch = merged[0][0]["arch"]
     entries, skipped = [], 0
     for data, row in merged:
@@ -433,7 +456,7 @@ def add_arguments(p) -> None:
     me.add_argument("--decode-top", type=int, default=DECODE_TOP, metavar="N",
                     help=f"re-time each cell's N fastest winners inside the whole decode step (default {DECODE_TOP}; "
                     "0 skips that phase)")
-    me.add_argument("--decode-passes", type=int, default=DECODE_PASSES, metavar="N",
+    me.add_argument("--decode-passes", type=_at_least_one, default=DECODE_PASSES, metavar="N",
                     help=f"passes of that phase over the cells; each pass re-times every cell with the others on "
                     f"their latest choice, the last pass decides (default {DECODE_PASSES})")
     wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
@@ -443,14 +466,27 @@ def add_arguments(p) -> None:
     p.set_defaults(func=main)
 
 
+def _at_least_one(text: str) -> int:
+    """argparse type: an int >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
 def main(args) -> int:
-    """Run one tuning phase."""
-    if args.phase == "prepare":
-        print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m))
-    elif args.phase == "measure":
-        data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top, decode_passes=args.decode_passes)
-        print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")
-    else:
-        path, planned, skipped = write_plan(args.results, args.min_speedup)
-        print(f"wrote {path}: {planned} cells planned, {skipped} left on cuBLAS")
+    """Run one tuning phase; a bad request (unknown M, results of two archs, no cells) is one line on stderr, exit 2."""
+    try:
+        if args.phase == "prepare":
+            print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m))
+        elif args.phase == "measure":
+            data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top,
+                           decode_passes=args.decode_passes)
+            print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")
+        else:
+            path, planned, skipped = write_plan(args.results, args.min_speedup)
+            print(f"wrote {path}: {planned} cells planned, {skipped} left on cuBLAS")
+    except ValueError as exc:
+        print(f"skinny-gemm tune {args.phase}: error: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -12,8 +12,11 @@ class Launcher:
     """The host side every kernel class shares: the config, its check, and the launch.
 
     Subclasses define ``kernel`` (the device body) with the shared ABI
-    ``(a, w, out, residual, n, k)``; grid = n / columns per CTA, one block of
-    cfg.threads, no dynamic shared memory (the manifest records the same).
+    ``(a, w, out, residual, n, k)``; one block of cfg.threads, no dynamic
+    shared memory. The AOT artifacts are launched by runtime/loader.py with
+    ``cfg.grid(n)`` (``persist`` caps it) and clusters of ``split`` CTAs, as
+    the manifest records; this launcher gives the kernel the same clusters
+    and the uncapped grid, where a walk does one row group per CTA.
     """
 
     def __init__(self, cfg):
@@ -33,9 +36,13 @@ class Launcher:
         """Host launcher: the kernel gets the plain symbol ``skinny_<variant name>_0``."""
         # The prefix lives on the (shared) function object: set it per trace.
         self.kernel.set_name_prefix(f"skinny_{self.cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
-        self.kernel(a, w, out, residual, n, k).launch(
-            grid=(n // self.cfg.cols_per_cta, 1, 1), block=(self.cfg.threads, 1, 1)
-        )
+        cfg = self.cfg
+        if cutlass.const_expr(cfg.split > 1):
+            self.kernel(a, w, out, residual, n, k).launch(
+                grid=(n // cfg.cols_per_cta * cfg.split, 1, 1), block=(cfg.threads, 1, 1), cluster=(cfg.split, 1, 1)
+            )
+        else:
+            self.kernel(a, w, out, residual, n, k).launch(grid=(n // cfg.cols_per_cta, 1, 1), block=(cfg.threads, 1, 1))
 
 
 @cute.jit

@@ -87,7 +87,7 @@ class SkinnyMma(Launcher):
         grp = warp // WK  # this warp's row group
         g = lane // 4  # weight row within a tile (B column), and this lane's token (A row)
         q = lane % 4  # which 8-k slice of a 32-k step this lane loads
-        # With split, the cluster of `split` consecutive CTAs shares one row group; this CTA streams K range `rank`.
+        # Clusters are 1-D along x, so a cluster is `split` consecutive CTAs and its rank is bidx % split.
         if cutlass.const_expr(cfg.static_k > 0):
             kk = cfg.static_k
         else:
@@ -95,6 +95,10 @@ class SkinnyMma(Launcher):
         r_half = kk // 2  # a weight or token row, in 32-bit words
         rank = 0
         if cutlass.const_expr(cfg.split > 1):
+            # Distributed shared memory may be written only once every CTA of the cluster
+            # runs: this arrive is matched by the wait before the partial sums are sent,
+            # so the K loop hides it.
+            cute.arch.inline_ptx(CLUSTER_ARRIVE_PTX)
             rank = bidx % cfg.split
             row0 = bidx // cfg.split * cfg.cols_per_cta + grp * cfg.cols
             kc = kk // cfg.split  # this CTA's K range
@@ -220,6 +224,8 @@ def mma_pair(acc, t, x, w, zero):
 # those stores before the first CTA reads them.
 MAPA_PTX = "mapa.shared::cluster.u32 {$w0}, {$r0}, {$r1};"
 ST_CLUSTER_PTX = "st.shared::cluster.f32 [{$r0}], {$r1};"
+CLUSTER_ARRIVE_PTX = "barrier.cluster.arrive.relaxed.aligned;"
+CLUSTER_WAIT_PTX = "barrier.cluster.wait.aligned;"
 CLUSTER_SYNC_PTX = "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
 
 
@@ -252,24 +258,26 @@ def reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank):
                     total = total + sRed[grp, j, i, lane]
                 acc[i // 2, i % 2] = total
     if cutlass.const_expr(cfg.split > 1):
-        # (split, groups, TILES * 2, 32) fp32 in every CTA; only CTA 0's is read: each CTA's warp-0 partials.
+        # (split - 1, groups, TILES * 2, 32) fp32: the partials CTAs 1.. send to CTA 0. Every
+        # CTA allocates it so the mapped offset is the same in each; only CTA 0's is used.
         sX = cute.make_tensor(
-            cute.arch.alloc_smem(cutlass.Float32, cfg.split * cfg.groups * TILES * 2 * WARP, alignment=16),
+            cute.arch.alloc_smem(cutlass.Float32, (cfg.split - 1) * cfg.groups * TILES * 2 * WARP, alignment=16),
             cute.make_layout(
-                (cfg.split, cfg.groups, TILES * 2, WARP),
+                (cfg.split - 1, cfg.groups, TILES * 2, WARP),
                 stride=(cfg.groups * TILES * 2 * WARP, TILES * 2 * WARP, WARP, 1),
             ),
         )
+        cute.arch.inline_ptx(CLUSTER_WAIT_PTX)
         if wk == 0 and rank != 0:
             for i in cutlass.range_constexpr(TILES * 2):
-                local = (sX.iterator + sX.layout((rank, grp, i, lane))).toint()
+                local = (sX.iterator + sX.layout((rank - 1, grp, i, lane))).toint()
                 remote = cute.arch.inline_ptx(MAPA_PTX, write_only_types=[cutlass.Int32], read_only_args=[local, cutlass.Int32(0)])
                 cute.arch.inline_ptx(ST_CLUSTER_PTX, read_only_args=[remote, acc[i // 2, i % 2]])
         cute.arch.inline_ptx(CLUSTER_SYNC_PTX)
         if wk == 0 and rank == 0:
             for i in cutlass.range_constexpr(TILES * 2):
                 total = acc[i // 2, i % 2]
-                for r in cutlass.range_constexpr(1, cfg.split):
+                for r in cutlass.range_constexpr(cfg.split - 1):
                     total = total + sX[r, grp, i, lane]
                 acc[i // 2, i % 2] = total
             if g < cfg.m:

@@ -28,6 +28,9 @@ MMA_ROWS, MMA_K_STEP = 8, 32
 # the launch contract has no smem field). Bulk-copy rows are padded by 64 bytes so
 # the 8 lanes of each 128-byte phase of a fragment read hit distinct banks.
 STATIC_SMEM_LIMIT, BULK_ROW_PAD = 48 * 1024, 64
+# Shared memory the CuTe DSL adds to every kernel's own buffers (measured with
+# cuobjdump -res-usage on sm_90a: 1024 B plus alignment).
+DSL_SMEM_RESERVE = 1024
 # L2 fetch sizes a weight load may request (PTX ld ... .L2::64B/128B/256B; 0 = no hint).
 FETCH_SIZES = (0, 64, 128, 256)
 # CTAs of one thread-block cluster that split a row group's K ("mma" only): 8 is
@@ -122,6 +125,13 @@ class KernelConfig:
         return self.k_threads * self.vec * self.unroll
 
     @property
+    def mma_smem(self) -> int:
+        """Shared-memory bytes of an "mma" CTA: the K-split warps' partials, and with ``split`` the slots CTA 0 receives."""
+        per_warp = self.groups * (self.cols // MMA_ROWS * 2) * 32 * 4
+        warps = self.k_threads // 32
+        return (per_warp * warps if warps > 1 else 0) + per_warp * (self.split - 1)
+
+    @property
     def bulk_smem(self) -> int:
         """Shared-memory bytes of a "bulk" CTA: the weight ring, its two mbarriers per stage, the K-split reduction."""
         ring = self.stages * self.cols * (self.k_step * 2 + BULK_ROW_PAD)
@@ -200,11 +210,12 @@ class KernelConfig:
             )
         if not isinstance(self.persist, int) or isinstance(self.persist, bool) or self.persist < 0:
             raise ConfigError(f"rule 'persist': persist={self.persist!r} must be an int >= 0 (0 = one CTA per row group)")
-        if self.persist and (self.kind != "simt" or not self.early or self.prefetch):
+        if self.persist and (self.kind != "simt" or not self.early or self.prefetch or self.static_k):
             raise ConfigError(
-                f"rule 'persist': persist={self.persist} needs kind 'simt' with early and without prefetch "
-                f"(kind={self.kind!r}, early={self.early}, prefetch={self.prefetch}): the walk preloads each "
-                "group's first trip, the first one before the PDL wait"
+                f"rule 'persist': persist={self.persist} needs kind 'simt' with early, without prefetch and with "
+                f"a runtime K (kind={self.kind!r}, early={self.early}, prefetch={self.prefetch}, "
+                f"static_k={self.static_k}): the walk preloads each group's first trip, the first one before "
+                "the PDL wait, and loops over K at run time"
             )
         if self.m > MAX_M:
             raise ConfigError(f"rule 'm range': m={self.m} exceeds {MAX_M}")
@@ -229,9 +240,10 @@ class KernelConfig:
                     f"vec={self.vec} must be 8, cols={self.cols} a multiple of {MMA_ROWS}, and prefetch off "
                     "(the ring's first chunks already go out before the PDL wait)"
                 )
-            if self.bulk_smem > STATIC_SMEM_LIMIT:
+            if self.bulk_smem + DSL_SMEM_RESERVE > STATIC_SMEM_LIMIT:
                 raise ConfigError(
-                    f"rule 'shared memory': {self.bulk_smem} bytes of weight ring exceed {STATIC_SMEM_LIMIT}"
+                    f"rule 'shared memory': {self.bulk_smem} bytes of weight ring + {DSL_SMEM_RESERVE} the DSL adds "
+                    f"exceed {STATIC_SMEM_LIMIT}"
                 )
             # accumulators + one step's weight fragments per tile + its token words, per unrolled step
             regs = self.cols // 2 + self.unroll * (self.cols // 2 + 4)
@@ -241,6 +253,11 @@ class KernelConfig:
                 raise ConfigError(
                     f"rule 'mma tile': k_threads={self.k_threads} must be whole warps, vec={self.vec} must be 8 "
                     f"and cols={self.cols} a multiple of {MMA_ROWS}"
+                )
+            if self.mma_smem + DSL_SMEM_RESERVE > STATIC_SMEM_LIMIT:
+                raise ConfigError(
+                    f"rule 'shared memory': {self.mma_smem} bytes of reduction buffers + {DSL_SMEM_RESERVE} the DSL "
+                    f"adds exceed {STATIC_SMEM_LIMIT}"
                 )
             # accumulators (4 per 8-row tile) + per buffered step: 4 weight words per tile + 4 token words
             regs = self.cols // 2 + self.stages * self.unroll * (self.cols // 2 + 4)
@@ -254,6 +271,10 @@ class KernelConfig:
                 )
             regs = self.m * self.cols + self.unroll * (self.cols + self.m) * self.vec // 2
             rule = "m*cols + unroll*(cols+m)*vec/2"
+            if self.persist:
+                # the walk also holds the next group's first trip
+                regs += self.unroll * self.cols * self.vec // 2
+                rule += " + unroll*cols*vec/2 (persist)"
         if regs > REGISTER_BUDGET:
             raise ConfigError(f"rule 'register budget': {rule} = {regs} exceeds {REGISTER_BUDGET}")
         if self.static_k:

@@ -55,6 +55,12 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, threads=256, prefetch=True, early=True, persist=528), "persist"),
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, persist=528), "persist"),
         (dict(m=1, threads=256, prefetch=False, early=True, persist=-1), "persist"),
+        (dict(m=1, threads=256, prefetch=False, early=True, persist=528, static_k=4096), "persist"),
+        # 8 groups x 4 tiles x 2 values x 32 lanes x 4 B = 8 KB per slot, 7 slots sent to CTA 0
+        (dict(m=1, kind="mma", threads=256, k_threads=32, cols=32, unroll=1, prefetch=False, split=8), "shared memory"),
+        # the walk's stash of the next trip pushes cols=16, unroll=2 over the register budget
+        (dict(m=1, threads=256, k_threads=256, cols=16, unroll=2, prefetch=False, early=True, persist=528),
+         "register budget"),
     ],
 )
 def test_invalid_config_names_the_rule(kwargs, rule):

@@ -1,5 +1,6 @@
 """The tuner's and the bench's CPU side: candidates, the plan it writes, the decode-step order, the report."""
 
+import dataclasses
 import json
 
 import pytest
@@ -27,15 +28,44 @@ SHAPES = {
 
 
 def test_candidates_are_valid_and_bounded():
+    results = json.loads((PACKAGE_ROOT / "docs" / "results" / "tune-sm_90a-h200.json").read_text())
+    counts = [len(tune.candidates(row["n"], row["k"], row["m"])) for row in results["cells"]]
+    assert len(counts) == 52 and 1 <= min(counts) and max(counts) <= tune.MAX_CANDIDATES
     for n, k, m in [(160, 4096, 1), (2048, 128, 4), (4096, 4096, 3), (38720, 4096, 2)]:
         cands = tune.candidates(n, k, m)
-        assert 1 <= len(cands) <= 360
         assert len(set(cands)) == len(cands)
         for cfg in cands:
             cfg.check(n=n, k=k)
             assert cfg.m == m
         assert {c.kind for c in cands} == {"simt", "mma", "bulk"}
         assert any(c.split > 1 for c in cands) == (k >= 1024), "cluster-split candidates wherever K can be split"
+
+
+def test_persistent_grids_fit_at_once_on_the_h200():
+    """A walk whose CTAs cannot all be resident would run in waves, which is what it exists to avoid."""
+    cands = tune.persist_candidates(6416, 4096, 1)
+    assert cands and all(c.persist <= tune.H200_SMS * tune._resident_ctas(c) for c in cands)
+    assert all(6416 // c.cols_per_cta > c.persist for c in cands), "a cap that does not cap is a plain grid"
+    heavy = dataclasses.replace(cands[0], cols=2, unroll=4)
+    assert tune._resident_ctas(heavy) < tune._resident_ctas(dataclasses.replace(heavy, unroll=2))
+
+
+def test_tune_cli_rejects_bad_requests_in_one_line(tmp_path, capsys):
+    from skinny_gemm.aot import cli
+
+    shapes = tmp_path / "shapes.json"
+    seed = {"tp": [4, 8], "linears": sorted(SHAPES["linears"]), "planned_M": [1, 2, 3, 4]}
+    shapes.write_text(json.dumps({**SHAPES, "seed_plan_sets": {"sm_90a": seed}}))
+    assert cli.main(["tune", "prepare", "--shapes", str(shapes), "--out", str(tmp_path / "c"), "--m", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "M=[5] is not in the sm_90a seed set" in err
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"arch": "sm_90a", "gpu": "g", "date": "d", "method": "m", "cells": []}))
+    assert cli.main(["tune", "write", str(empty)]) == 2
+    assert "no measured cells" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["tune", "measure", str(tmp_path), "--results", str(tmp_path / "r.json"), "--decode-passes", "0"])
+    assert "--decode-passes: 0 is not >= 1" in capsys.readouterr().err
 
 
 def test_committed_plan_is_the_tuners_output(tmp_path):
