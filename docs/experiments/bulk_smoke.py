@@ -1,4 +1,4 @@
-"""One checked launch of every bulk variant in a bulk_cells.py directory (H200): float64 reference, poisoned output.
+"""One checked launch of every bulk variant in a `sweep_cells.py bulk` directory (H200): float64 reference, poisoned output.
 
 Usage: python docs/experiments/bulk_smoke.py DIR   (run it under `timeout`: a kernel that never completes its mbarrier would hang)
 """

@@ -1,6 +1,7 @@
 """Compile a first sweep of a new kernel option over 8 cells, next to each cell's planned config (CPU).
 
-Usage, from the checkout: python docs/experiments/sweep_cells.py split|persist OUT_DIR
+Usage, from the checkout: python docs/experiments/sweep_cells.py bulk|split|persist OUT_DIR
+  bulk:    the bulk-copy kernel (v5), every ring of at least 12 KB (or all of K)
   split:   the cluster-split mma kernel (v6), splits 2/4/8, K splits 64-512 threads
   persist: the persistent SIMT kernel (v7), M=1 cells
 Then on the H200: skinny-gemm tune measure OUT_DIR --results R.json --decode-top 0 --trials 7
@@ -19,8 +20,33 @@ source_tree.register()
 from skinny_gemm.aot import plans  # noqa: E402
 from skinny_gemm.aot.build import build_configs  # noqa: E402
 from skinny_gemm.aot.tune import persist_candidates, split_candidates  # noqa: E402
+from skinny_gemm.runtime.config import ConfigError, KernelConfig  # noqa: E402
+
+
+def bulk_candidates(n, k, m):
+    """Every bulk config with a ring of at least 12 KB (or all of K) for this cell."""
+    found = []
+    for cols in (8, 16):
+        for kt in (64, 128, 256, 512):
+            for unroll in (1, 2, 4):
+                for stages in (2, 4, 8):
+                    cfg = KernelConfig(m=m, kind="bulk", threads=kt, k_threads=kt, cols=cols, unroll=unroll,
+                                       stages=stages, prefetch=False)
+                    try:
+                        cfg.check(n=n, k=k)
+                    except ConfigError:
+                        continue
+                    if cfg.bulk_smem >= 12 * 1024 or k // cfg.k_step <= stages:
+                        found.append(cfg)
+    return found
+
 
 SWEEPS = {
+    "bulk": (
+        [(6416, 4096, 1), (6416, 4096, 4), (4096, 4096, 4), (4096, 2048, 4), (4096, 1536, 4), (38720, 4096, 4),
+         (2048, 128, 4), (3336, 4096, 4)],
+        bulk_candidates,
+    ),
     "split": (
         [(6416, 4096, 1), (6416, 4096, 4), (4096, 4096, 1), (4096, 4096, 4), (3336, 4096, 1), (3336, 4096, 4),
          (4096, 2048, 4), (38720, 4096, 4)],

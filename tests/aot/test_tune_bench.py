@@ -8,6 +8,8 @@ import pytest
 from skinny_gemm.aot import bench, plans, tune
 from skinny_gemm.aot.build import PACKAGE_ROOT
 
+from helpers.fake_step import STEPS, cand, fake_step
+
 SHAPES = {
     "linears": {
         name: {"calls_per_step": calls, "tp": {"4": [n, k], "8": [n // 2, k]}}
@@ -149,32 +151,14 @@ def test_decode_phase_picks_the_lowest_step_time(monkeypatch):
     """The decode phase re-ranks winners by whole-step time (summed over TPs), not by their isolated time."""
     import torch
 
-    from skinny_gemm.aot import measure as ms
-
-    launched = []
-
-    class Lib:
-        def launch(self, name, x, w, out, residual, n, k):
-            launched.append(name)
-
-    def capture(calls):
-        launched.clear()
-        for call in calls:
-            call()
-        return tuple(launched)
-
     # In the step, "a" (isolated fastest) costs more than "b"; "c" loses everywhere.
     step_cost = {"a": 5.0, "b": 2.0, "c": 9.0, "x": 1.0}
-    monkeypatch.setattr(ms, "capture", capture)
-    monkeypatch.setattr(ms, "time_graphs", lambda graphs, per, trials: {
-        key: sum(step_cost[name] for name in g) for key, g in graphs.items()})
-    cand = lambda us: {"config": {}, "bad_elements": 0, "us": us}  # noqa: E731
+    lib = fake_step(monkeypatch, lambda names: sum(step_cost[name] for name in names))
     rows = [
         {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": {"a": cand(5.0), "b": cand(6.0), "c": cand(7.0)}},
         {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"x": cand(5.0), "slow": cand(9.9)}},
     ]
-    steps = [{"tp": 4, "calls": [[64, 32], [32, 64], [64, 32]]}, {"tp": 8, "calls": [[32, 64]]}]
-    tune.decode_phase(Lib(), rows, steps, torch.device("cpu"), top=12, trials=1, progress=False)
+    tune.decode_phase(lib, rows, STEPS, torch.device("cpu"), top=12, trials=1, progress=False)
     first = rows[0]["decode"]
     assert first["chosen"] == "b"
     assert first["step_us"] == {"a": {"4": 11.0}, "b": {"4": 5.0}, "c": {"4": 19.0}}
@@ -186,34 +170,16 @@ def test_decode_phase_second_pass_revisits_earlier_cells(monkeypatch):
     """A cell picked while a later cell sat on its isolated choice is re-picked once that cell has moved."""
     import torch
 
-    from skinny_gemm.aot import measure as ms
-
-    launched = []
-
-    class Lib:
-        def launch(self, name, x, w, out, residual, n, k):
-            launched.append(name)
-
-    def capture(calls):
-        launched.clear()
-        for call in calls:
-            call()
-        return tuple(launched)
-
     cost = {"a1": 3.0, "a2": 4.0, "y1": 3.0, "y2": 1.0}
     # a1 and y1 slow each other down in the same step (+5).
-    monkeypatch.setattr(ms, "capture", capture)
-    monkeypatch.setattr(ms, "time_graphs", lambda graphs, per, trials: {
-        key: sum(cost[name] for name in g) + (5.0 if {"a1", "y1"} <= set(g) else 0.0) for key, g in graphs.items()})
-    cand = lambda us: {"config": {}, "bad_elements": 0, "us": us}  # noqa: E731
-    steps = [{"tp": 4, "calls": [[64, 32], [32, 64], [64, 32]]}, {"tp": 8, "calls": [[32, 64]]}]
+    lib = fake_step(monkeypatch, lambda names: sum(cost[n] for n in names) + (5.0 if {"a1", "y1"} <= set(names) else 0.0))
 
     def run(passes):
         rows = [
             {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": {"a1": cand(5.0), "a2": cand(6.0)}},
             {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"y1": cand(5.0), "y2": cand(6.0)}},
         ]
-        tune.decode_phase(Lib(), rows, steps, torch.device("cpu"), top=12, trials=1, progress=False, passes=passes)
+        tune.decode_phase(lib, rows, STEPS, torch.device("cpu"), top=12, trials=1, progress=False, passes=passes)
         return [r["decode"]["chosen"] for r in rows]
 
     # One pass: a1 is judged next to y1 (its isolated pick) and loses; y then moves to y2.
