@@ -87,10 +87,7 @@ def persist_candidates(n: int, k: int, m: int, grids=PERSIST_GRIDS) -> list[Kern
 def _resident_ctas(cfg: KernelConfig) -> int:
     """CTAs of ``cfg`` one sm_90 SM holds at once: 2048 threads, 64K registers (an estimate: the
     config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps)."""
-    regs = cfg.m * cfg.cols + cfg.unroll * (cfg.cols + cfg.m) * cfg.vec // 2
-    if cfg.persist:
-        regs += cfg.unroll * cfg.cols * cfg.vec // 2
-    regs = -(-(regs + 24) // 8) * 8
+    regs = -(-(cfg.register_rule[0] + 24) // 8) * 8
     return min(2048 // cfg.threads, 65536 // (cfg.threads * regs))
 
 

@@ -37,12 +37,10 @@ class Launcher:
         # The prefix lives on the (shared) function object: set it per trace.
         self.kernel.set_name_prefix(f"skinny_{self.cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
         cfg = self.cfg
-        if cutlass.const_expr(cfg.split > 1):
-            self.kernel(a, w, out, residual, n, k).launch(
-                grid=(n // cfg.cols_per_cta * cfg.split, 1, 1), block=(cfg.threads, 1, 1), cluster=(cfg.split, 1, 1)
-            )
-        else:
-            self.kernel(a, w, out, residual, n, k).launch(grid=(n // cfg.cols_per_cta, 1, 1), block=(cfg.threads, 1, 1))
+        cluster = {"cluster": (cfg.split, 1, 1)} if cfg.split > 1 else {}
+        self.kernel(a, w, out, residual, n, k).launch(
+            grid=(n // cfg.cols_per_cta * cfg.split, 1, 1), block=(cfg.threads, 1, 1), **cluster
+        )
 
 
 @cute.jit

@@ -125,6 +125,23 @@ class KernelConfig:
         return self.k_threads * self.vec * self.unroll
 
     @property
+    def register_rule(self) -> tuple[int, str]:
+        """(registers a thread holds for accumulators and loads in flight, the formula); addresses not counted."""
+        if self.kind == "bulk":
+            # accumulators + one step's weight fragments per tile + its token words, per unrolled step
+            return self.cols // 2 + self.unroll * (self.cols // 2 + 4), "cols/2 + unroll*(cols/2 + 4)"
+        if self.kind == "mma":
+            # accumulators (4 per 8-row tile) + per buffered step: 4 weight words per tile + 4 token words
+            return (self.cols // 2 + self.stages * self.unroll * (self.cols // 2 + 4),
+                    "cols/2 + stages*unroll*(cols/2 + 4)")
+        regs = self.m * self.cols + self.unroll * (self.cols + self.m) * self.vec // 2
+        if not self.persist:
+            return regs, "m*cols + unroll*(cols+m)*vec/2"
+        # the walk also holds the next group's first trip
+        return (regs + self.unroll * self.cols * self.vec // 2,
+                "m*cols + unroll*(cols+m)*vec/2 + unroll*cols*vec/2 (persist)")
+
+    @property
     def mma_smem(self) -> int:
         """Shared-memory bytes of an "mma" CTA: the K-split warps' partials, and with ``split`` the slots CTA 0 receives."""
         per_warp = self.groups * (self.cols // MMA_ROWS * 2) * 32 * 4
@@ -245,9 +262,6 @@ class KernelConfig:
                     f"rule 'shared memory': {self.bulk_smem} bytes of weight ring + {DSL_SMEM_RESERVE} the DSL adds "
                     f"exceed {STATIC_SMEM_LIMIT}"
                 )
-            # accumulators + one step's weight fragments per tile + its token words, per unrolled step
-            regs = self.cols // 2 + self.unroll * (self.cols // 2 + 4)
-            rule = "cols/2 + unroll*(cols/2 + 4)"
         elif self.kind == "mma":
             if self.k_threads < 32 or self.vec != 8 or self.cols % MMA_ROWS:
                 raise ConfigError(
@@ -259,9 +273,6 @@ class KernelConfig:
                     f"rule 'shared memory': {self.mma_smem} bytes of reduction buffers + {DSL_SMEM_RESERVE} the DSL "
                     f"adds exceed {STATIC_SMEM_LIMIT}"
                 )
-            # accumulators (4 per 8-row tile) + per buffered step: 4 weight words per tile + 4 token words
-            regs = self.cols // 2 + self.stages * self.unroll * (self.cols // 2 + 4)
-            rule = "cols/2 + stages*unroll*(cols/2 + 4)"
         else:
             if self.stages != 1:
                 raise ConfigError(f"rule 'stages': stages={self.stages} must be 1 for kind 'simt' (no pipelined K loop)")
@@ -269,12 +280,7 @@ class KernelConfig:
                 raise ConfigError(
                     f"rule 'reduction lanes': m*cols={self.m * self.cols} outputs exceed k_threads={self.k_threads}"
                 )
-            regs = self.m * self.cols + self.unroll * (self.cols + self.m) * self.vec // 2
-            rule = "m*cols + unroll*(cols+m)*vec/2"
-            if self.persist:
-                # the walk also holds the next group's first trip
-                regs += self.unroll * self.cols * self.vec // 2
-                rule += " + unroll*cols*vec/2 (persist)"
+        regs, rule = self.register_rule
         if regs > REGISTER_BUDGET:
             raise ConfigError(f"rule 'register budget': {rule} = {regs} exceeds {REGISTER_BUDGET}")
         if self.static_k:
