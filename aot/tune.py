@@ -52,7 +52,6 @@ MMA_PIPES = ((8, 4), (8, 8), (8, 16), (16, 2), (16, 4), (32, 2))
 # no hint won 4096x1536 (docs/perf.md v4). The L2 bulk prefetch never made a
 # decode-step pick for the mma kernel in the v4 sweep: it is no longer timed there.
 MMA_FETCH = (256, 128, 0)
-BULK_MIN_RING = 12 * 1024
 # Most candidates `candidates` gives one cell of the sm_90a seed set (38720x4096 at M=1: 358).
 MAX_CANDIDATES = 400
 # SMs of the H200 (and H100 SXM), for the persistent grids below.
@@ -105,8 +104,29 @@ def split_candidates(n: int, k: int, m: int, splits=(2, 4), k_threads_set=(64, 1
     return found
 
 
+# M >= 2 (v9): mma CTAs of 2 or 4 row groups (at most 512 threads), the mma analogue of v8's
+# SIMT CTA shapes. (Clusters of 8 one- or two-warp CTAs, each with a whole 512-k slice in
+# flight, were timed in the same run: 1.4-1.6x slower than the best mma on every K=4096 shape.)
+MMA_GROUPS = (2, 4)
+GROUP_FETCH = (256, 128)
+
+
+def group_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
+    """The multi-group mma configs for one cell: per pipeline and K split, CTAs of 2 or 4 row groups."""
+    found = []
+    for cols, stages in MMA_PIPES:
+        for k_threads in (32, 64, 128, 256):
+            for groups in MMA_GROUPS:
+                for fetch in GROUP_FETCH:
+                    cfg = KernelConfig(m=m, kind="mma", threads=k_threads * groups, k_threads=k_threads, cols=cols,
+                                       unroll=1, stages=stages, prefetch=False, fetch=fetch)
+                    if cfg.threads <= 512 and _valid(cfg, n, k):
+                        found.append(cfg)
+    return found
+
+
 def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most MAX_CANDIDATES): the pipelined mma kernel (also cluster-split), the bulk-copy kernel, the SIMT kernel (also persistent).
+    """Candidate configs for one cell (at most MAX_CANDIDATES): the pipelined mma kernel (also cluster-split and, at M >= 2, several row groups per CTA), the SIMT kernel (also persistent).
 
     mma: per pipeline, every K split (warps per row tile) that divides K,
     each with every L2 fetch size in MMA_FETCH. Less K split leaves HBM idle; more
@@ -114,8 +134,8 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
     waves: a last, partial wave is latency-bound, so its warps should be
     short. (v3 kept four splits around the one putting 48 KB in flight per SM;
     the winners sat at both ends of that window, so now all are timed.) One
-    row group per CTA: CTA size only sets the scheduling grain, and every N
-    divisible by 8 stays valid (3336 = 8 * 417).
+    row group per CTA keeps every N divisible by 8 valid (3336 = 8 * 417);
+    at M >= 2 also 2 or 4 per CTA (group_candidates).
     """
     found = []
     for cols, stages in MMA_PIPES:
@@ -126,19 +146,14 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
                 if _valid(cfg, n, k):
                     found.append(cfg)
     found += split_candidates(n, k, m)
+    if m >= 2:
+        found += group_candidates(n, k, m)
     if m <= 2:
         found += persist_candidates(n, k, m)
-    # The bulk-copy kernel (v5 prototype, docs/perf.md): one row group per CTA,
-    # rings of at least 12 KB (smaller ones left HBM idle in its first sweep)
-    # unless the ring holds all of K.
-    for cols in (8, 16):
-        for k_threads in (128, 256, 512):
-            for unroll in (1, 2, 4):
-                for stages in (2, 4):
-                    cfg = KernelConfig(m=m, kind="bulk", threads=k_threads, k_threads=k_threads, cols=cols,
-                                       unroll=unroll, stages=stages, prefetch=False)
-                    if _valid(cfg, n, k) and (cfg.bulk_smem >= BULK_MIN_RING or k // cfg.k_step <= stages):
-                        found.append(cfg)
+    # The bulk-copy kernel (kind "bulk", v5) is not a candidate: any bulk pick made the whole
+    # decode step ~50 us slower (TP8 M=4: one cell on bulk 799-800 us, none 741-747, both
+    # 792; docs/perf.md v9), whatever its count of calls, and the decode phase, which changes
+    # one cell at a time, cannot leave that state once two cells are on bulk.
     # The SIMT kernel wastes nothing on token padding and can give one CTA a
     # single column: it stays in the race at small M and for tiny N. (4
     # columns per group won 2 of 52 cells by under 2%: dropped.)

@@ -15,6 +15,10 @@ MAX_VEC = 8
 # fp32 accumulators plus in-flight load registers a thread may hold. Above
 # this ptxas spills on sm_90a (255 registers, a third kept for addressing).
 REGISTER_BUDGET = 168
+# A CTA shares the SM's 64K registers: above 65536 / threads per thread ptxas caps the
+# count and spills (v9: 512-thread mma CTAs with 16 stages hit the 128 cap and took a
+# 112-byte stack frame). The same third is kept back for addressing.
+SM_REGISTERS = 65536
 # Fully unrolling K beyond this many loop trips makes compile time and code
 # size explode (DESIGN.md: 2.3-2.7 s per variant at K=16384) for no gain.
 MAX_STATIC_TRIPS = 64
@@ -281,8 +285,12 @@ class KernelConfig:
                     f"rule 'reduction lanes': m*cols={self.m * self.cols} outputs exceed k_threads={self.k_threads}"
                 )
         regs, rule = self.register_rule
-        if regs > REGISTER_BUDGET:
-            raise ConfigError(f"rule 'register budget': {rule} = {regs} exceeds {REGISTER_BUDGET}")
+        budget = min(REGISTER_BUDGET, SM_REGISTERS // self.threads * 2 // 3)
+        if regs > budget:
+            raise ConfigError(
+                f"rule 'register budget': {rule} = {regs} exceeds {budget} "
+                f"(min of {REGISTER_BUDGET} and two thirds of {SM_REGISTERS} / threads={self.threads})"
+            )
         if self.static_k:
             if self.static_k < 0 or self.static_k % self.k_step:
                 raise ConfigError(
