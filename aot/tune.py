@@ -10,8 +10,8 @@ against a float64 reference and times it against cuBLAS with the cold-L2
 graph method (aot/measure.py), each cell in a chain of its own shape; then,
 where the seed set is one model's decode step, it re-ranks each cell's
 fastest winners inside that step (one CUDA graph of the whole step per TP,
-the other cells on their current choice, one pass in order of each shape's
-share of the step). `write` keeps, per cell, the decode-step choice or else
+the other cells on their current choice, passes in order of each shape's
+share of the step, then each kernel family swapped out whole). `write` keeps, per cell, the decode-step choice or else
 the fastest correct candidate, if it beats cuBLAS by at least 5%, with
 measured provenance. Cells that do not win stay on cuBLAS.
 
@@ -284,7 +284,8 @@ def measure(
             f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) timed inside one CUDA graph "
             "of the whole decode step per TP (other cells on their current choice), interleaved, median of "
             f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen; "
-            f"{decode_passes} pass(es) over the cells, the last decides"
+            f"{decode_passes} pass(es) over the cells, the last decides; then each kernel family holding two or "
+            "more cells is swapped out whole for their best other candidates, kept if the steps get faster"
         )
     results.write_text(dumps(data))
     return data
@@ -335,27 +336,71 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
         }
         for n, k, names in [cell for _ in range(passes) for cell in group]:
             tps = [tp for tp, calls in bufs.items() if any((cn, ck) == (n, k) for *_, cn, ck in calls)]
-            graphs = {}
-            for name in names:
-                pick = {**choice, (n, k, m): name}
-                for tp in tps:
-                    graphs[(name, tp)] = ms.capture([
-                        _launch(lib, pick[(cn, ck, m)], x, w, out, cn, ck) if pick.get((cn, ck, m)) else _mm(x, w, out)
-                        for x, w, out, cn, ck in bufs[tp]
-                    ])
-            times = ms.time_graphs({str(key): g for key, g in graphs.items()}, {str(key): 1 for key in graphs}, trials)
-            per = {name: {tp: times[str((name, tp))] for tp in tps} for name in names}
+            per = _time_steps(lib, bufs, m, {name: {**choice, (n, k, m): name} for name in names}, tps, trials)
             best = min(names, key=lambda nm: sum(per[nm].values()))
             choice[(n, k, m)] = best
             cells[(n, k, m)]["decode"] = {
                 "chosen": best,
                 "step_us": {name: {str(tp): us for tp, us in v.items()} for name, v in per.items()},
             }
-            del graphs
             bar.update(1)
+        _family_check(lib, bufs, m, group, cells, choice, trials)
         del bufs
         torch.cuda.empty_cache()
     bar.close()
+
+
+def _time_steps(lib, bufs: dict, m: int, picks: dict, tps: list, trials: int) -> dict:
+    """Whole-step time per TP for each named choice set ({label: {(n, k, m): variant}}), timed interleaved."""
+    from . import measure as ms
+
+    graphs = {
+        (label, tp): ms.capture([
+            _launch(lib, pick[(cn, ck, m)], x, w, out, cn, ck) if pick.get((cn, ck, m)) else _mm(x, w, out)
+            for x, w, out, cn, ck in bufs[tp]
+        ])
+        for label, pick in picks.items()
+        for tp in tps
+    }
+    times = ms.time_graphs({str(key): g for key, g in graphs.items()}, {str(key): 1 for key in graphs}, trials)
+    return {label: {tp: times[str((label, tp))] for tp in tps} for label in picks}
+
+
+def family(config: dict) -> str:
+    """A candidate's kernel family for the decode phase's last check: its kind, and split or persist if set."""
+    extra = "+split" if config.get("split", 1) > 1 else "+persist" if config.get("persist", 0) else ""
+    return f"{config.get('kind', '?')}{extra}"
+
+
+def _family_check(lib, bufs: dict, m: int, group: list, cells: dict, choice: dict, trials: int) -> None:
+    """Swap each kernel family holding two or more cells out whole, keeping the swap if the steps get faster.
+
+    The passes change one cell at a time, so a cost that only goes away when every
+    cell of a family leaves it survives them: in v9 any bulk cell slowed the whole TP8
+    step by ~50 us, and two bulk cells kept each other in the plan (docs/perf.md v9).
+    Each cell's replacement is its fastest other-family candidate of its last pass.
+    """
+    def fam(key, name):
+        return family(cells[key]["candidates"][name]["config"])
+
+    keys = [(n, k, m) for n, k, _ in group]
+    for fam_name in sorted({fam(key, choice[key]) for key in keys}):
+        members = [key for key in keys if fam(key, choice[key]) == fam_name]
+        swap = {}
+        for key in members:
+            others = {nm: sum(v.values()) for nm, v in cells[key]["decode"]["step_us"].items() if fam(key, nm) != fam_name}
+            if others:
+                swap[key] = min(others, key=others.get)
+        if len(members) < 2 or not swap:
+            continue
+        tps = sorted({tp for tp, calls in bufs.items() for *_, cn, ck in calls for key in swap if (cn, ck) == key[:2]})
+        per = _time_steps(lib, bufs, m, {"kept": dict(choice), "swapped": {**choice, **swap}}, tps, trials)
+        swapped = sum(per["swapped"].values()) < sum(per["kept"].values())
+        record = {"family": fam_name, "swapped": swapped, "step_us": {lb: {str(tp): us for tp, us in v.items()} for lb, v in per.items()}}
+        for key in swap:
+            cells[key]["decode"]["family_check"] = record
+            if swapped:
+                choice[key] = cells[key]["decode"]["chosen"] = swap[key]
 
 
 def _mm(x, w, out):

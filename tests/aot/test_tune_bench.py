@@ -191,6 +191,30 @@ def test_decode_phase_second_pass_revisits_earlier_cells(monkeypatch):
     assert run(2) == ["a1", "y2"]
 
 
+def test_decode_phase_swaps_out_a_family_that_slows_the_whole_step(monkeypatch):
+    """Two cells on a family whose mere presence costs the step (v9's bulk) leave it together."""
+    import torch
+
+    def kcand(us, kind):
+        return {**cand(us), "config": {"kind": kind, "split": 1, "persist": 0}}
+
+    cost = {"b1": 1.0, "m1": 2.0, "b2": 1.0, "m2": 2.0}
+    # Any bulk launch in a step adds 10, however many: no single swap can remove it.
+    lib = fake_step(monkeypatch, lambda names: sum(cost[n] for n in names) + (10.0 if {"b1", "b2"} & set(names) else 0.0))
+    rows = [
+        {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": {"b1": kcand(5.0, "bulk"), "m1": kcand(6.0, "mma")}},
+        {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"b2": kcand(5.0, "bulk"), "m2": kcand(6.0, "mma")}},
+    ]
+    # One step holding both cells: from either cell alone, bulk stays cheaper (12 against 13).
+    steps = [{"tp": 4, "calls": [[64, 32], [32, 64]]}]
+    tune.decode_phase(lib, rows, steps, torch.device("cpu"), top=12, trials=1, progress=False, passes=2)
+    assert [r["decode"]["chosen"] for r in rows] == ["m1", "m2"]
+    check = rows[0]["decode"]["family_check"]
+    assert check == {"family": "bulk", "swapped": True, "step_us": {"kept": {"4": 12.0}, "swapped": {"4": 4.0}}}
+    assert rows[1]["decode"]["step_us"]["b2"] == {"4": 12.0}, "the passes alone kept bulk"
+    assert tune.family({"kind": "mma", "split": 2, "persist": 0}) == "mma+split"
+
+
 def test_isolated_winners_rank_correct_fast_candidates():
     row = {"cublas_us": 10.0, "candidates": {
         "slow": {"bad_elements": 0, "us": 9.8}, "fast": {"bad_elements": 0, "us": 7.0},
