@@ -41,6 +41,9 @@ DECODE_TOP = 12
 # Passes over the cells in that phase: the second re-times each cell with every other cell
 # on its first-pass choice (costs as much GPU time again as the first, ~20 s on the H200).
 DECODE_PASSES = 2
+# A family swap must make the steps this much faster: its first H200 run (M=2) swapped three
+# cells for 0.3 us in 1810, inside the noise, where the effect it exists for was 50 us in 750.
+FAMILY_MARGIN = 0.01
 
 
 # The mma kernel's pipelines, (cols, stages) at unroll 1: 4, 8 or 16 loads of 512 bytes
@@ -285,7 +288,7 @@ def measure(
             "of the whole decode step per TP (other cells on their current choice), interleaved, median of "
             f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen; "
             f"{decode_passes} pass(es) over the cells, the last decides; then each kernel family holding two or "
-            "more cells is swapped out whole for their best other candidates, kept if the steps get faster"
+            "more cells is swapped out whole for their best other candidates, kept if the steps get 1% faster"
         )
     results.write_text(dumps(data))
     return data
@@ -373,7 +376,7 @@ def family(config: dict) -> str:
 
 
 def _family_check(lib, bufs: dict, m: int, group: list, cells: dict, choice: dict, trials: int) -> None:
-    """Swap each kernel family holding two or more cells out whole, keeping the swap if the steps get faster.
+    """Swap each kernel family holding two or more cells out whole, keeping the swap if the steps get 1% faster.
 
     The passes change one cell at a time, so a cost that only goes away when every
     cell of a family leaves it survives them: in v9 any bulk cell slowed the whole TP8
@@ -395,7 +398,7 @@ def _family_check(lib, bufs: dict, m: int, group: list, cells: dict, choice: dic
             continue
         tps = sorted({tp for tp, calls in bufs.items() for *_, cn, ck in calls for key in swap if (cn, ck) == key[:2]})
         per = _time_steps(lib, bufs, m, {"kept": dict(choice), "swapped": {**choice, **swap}}, tps, trials)
-        swapped = sum(per["swapped"].values()) < sum(per["kept"].values())
+        swapped = sum(per["swapped"].values()) < (1 - FAMILY_MARGIN) * sum(per["kept"].values())
         record = {"family": fam_name, "swapped": swapped, "step_us": {lb: {str(tp): us for tp, us in v.items()} for lb, v in per.items()}}
         for key in swap:
             cells[key]["decode"]["family_check"] = record
