@@ -11,9 +11,10 @@ graph method (aot/measure.py), each cell in a chain of its own shape; then,
 where the seed set is one model's decode step, it re-ranks each cell's
 fastest winners inside that step (one CUDA graph of the whole step per TP,
 the other cells on their current choice, passes in order of each shape's
-share of the step, then each kernel family swapped out whole). `write` keeps, per cell, the decode-step choice or else
-the fastest correct candidate, if it beats cuBLAS by at least 5%, with
-measured provenance. Cells that do not win stay on cuBLAS.
+share of the step, then each kernel family swapped out whole). `write`
+keeps, per cell, the decode-step choice or else the fastest correct
+candidate, if it beats cuBLAS by at least 5%, with measured provenance.
+Cells that do not win stay on cuBLAS.
 
 Why the second phase: a same-shape chain flatters kernels that load weight
 before the PDL wait. Short kernels then cascade (each launches the next at
@@ -389,12 +390,14 @@ def _family_check(lib, bufs: dict, m: int, group: list, cells: dict, choice: dic
     keys = [(n, k, m) for n, k, _ in group]
     for fam_name in sorted({fam(key, choice[key]) for key in keys}):
         members = [key for key in keys if fam(key, choice[key]) == fam_name]
+        if len(members) < 2:
+            continue
         swap = {}
         for key in members:
             others = {nm: sum(v.values()) for nm, v in cells[key]["decode"]["step_us"].items() if fam(key, nm) != fam_name}
             if others:
                 swap[key] = min(others, key=others.get)
-        if len(members) < 2 or not swap:
+        if not swap:
             continue
         tps = sorted({tp for tp, calls in bufs.items() for *_, cn, ck in calls for key in swap if (cn, ck) == key[:2]})
         per = _time_steps(lib, bufs, m, {"kept": dict(choice), "swapped": {**choice, **swap}}, tps, trials)
