@@ -32,7 +32,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..runtime.config import ConfigError, KernelConfig
+from ..runtime.config import SM_REGISTERS, ConfigError, KernelConfig
 from ..runtime.manifest import dumps
 
 MIN_SPEEDUP = 1.05
@@ -91,7 +91,7 @@ def _resident_ctas(cfg: KernelConfig) -> int:
     """CTAs of ``cfg`` one sm_90 SM holds at once: 2048 threads, 64K registers (an estimate: the
     config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps)."""
     regs = -(-(cfg.register_rule[0] + 24) // 8) * 8
-    return min(2048 // cfg.threads, 65536 // (cfg.threads * regs))
+    return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs))
 
 
 def split_candidates(n: int, k: int, m: int, splits=(2, 4), k_threads_set=(64, 128, 256)) -> list[KernelConfig]:
