@@ -74,13 +74,13 @@ def test_tune_cli_rejects_bad_requests_in_one_line(tmp_path, capsys):
 def test_committed_plan_is_the_tuners_output(tmp_path):
     """kernels/plans/sm_90a.json is exactly what `tune write` makes of the committed H200 results.
 
-    Four runs: the whole seed set, then its M=1 cells again with more SIMT CTA shapes
-    (`tune prepare --m 1`), then its M=4 and M=2 cells with multi-group mma CTAs and
-    without the bulk kernel (`tune prepare --m 4`, `--m 2`); a later run's cells replace
-    an earlier one's.
+    Five runs: the whole seed set, then its M=1 cells again with more SIMT CTA shapes
+    (`tune prepare --m 1`), then its M=4, M=2 and M=3 cells with multi-group mma CTAs and
+    without the bulk kernel (`tune prepare --m 4`, `--m 2`, `--m 3`); a later run's cells
+    replace an earlier one's.
     """
     names = ("tune-sm_90a-h200.json", "tune-sm_90a-h200-m1.json", "tune-sm_90a-h200-m4.json",
-             "tune-sm_90a-h200-m2.json")
+             "tune-sm_90a-h200-m2.json", "tune-sm_90a-h200-m3.json")
     runs = [PACKAGE_ROOT / "docs" / "results" / name for name in names]
     out = tmp_path / "sm_90a.json"
     path, planned, skipped = tune.write_plan(runs, out=out)
