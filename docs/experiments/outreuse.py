@@ -1,4 +1,7 @@
-"""Is it output reuse? The TP4/TP8 M=4 steps with outputs distinct, shared, or from linear() with and without reuse."""
+"""Is it output reuse? Whole decode steps with outputs distinct, shared, or from linear() with and without reuse (H200).
+
+python outreuse.py SHAPES OUT.json  (the sm_90a wheel installed)
+"""
 import json
 import sys
 from pathlib import Path
