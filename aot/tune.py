@@ -32,7 +32,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..runtime.config import SM_REGISTERS, ConfigError, KernelConfig
+from ..runtime.config import MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
 from ..runtime.manifest import dumps
 
 MIN_SPEEDUP = 1.05
@@ -129,8 +129,34 @@ def group_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
     return found
 
 
+# Sliced mma (v15): tiles of 8 / slices rows x slices K slices. Its first sweep (8 cells,
+# 760 configs) won every K=4096 cell at M=1..4, with CTAs of 1-8 rows x 64-256 threads
+# living at most 4 K-loop trips; 512 threads never placed in a cell's top four.
+SLICE_CHOICES = (2, 4, 8)
+SLICE_K_THREADS = (64, 128, 256)
+SLICE_STAGES = (2, 4, 8)
+SLICE_FETCH = (256, 128)
+SLICE_MAX_TRIPS = 4
+
+
+def slice_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
+    """The sliced mma configs for one cell: every slice count the cell's M allows, 1 or 2 tiles of rows, short CTAs."""
+    found = []
+    for slices in SLICE_CHOICES:
+        rows = MMA_ROWS // slices
+        for cols in (rows, 2 * rows):
+            for k_threads in SLICE_K_THREADS:
+                for stages in SLICE_STAGES:
+                    for fetch in SLICE_FETCH:
+                        cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=cols,
+                                           unroll=1, stages=stages, prefetch=False, fetch=fetch, slices=slices)
+                        if _valid(cfg, n, k) and k // cfg.k_step <= SLICE_MAX_TRIPS:
+                            found.append(cfg)
+    return found
+
+
 def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most MAX_CANDIDATES): the pipelined mma kernel (also cluster-split and, at M >= 2, several row groups per CTA), the SIMT kernel (also persistent).
+    """Candidate configs for one cell (at most MAX_CANDIDATES): the pipelined mma kernel (also cluster-split, sliced and, at M >= 2, several row groups per CTA), the SIMT kernel (also persistent).
 
     mma: per pipeline, every K split (warps per row tile) that divides K,
     each with every L2 fetch size in MMA_FETCH. Less K split leaves HBM idle; more
@@ -150,6 +176,7 @@ def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
                 if _valid(cfg, n, k):
                     found.append(cfg)
     found += split_candidates(n, k, m)
+    found += slice_candidates(n, k, m)
     if m >= 2:
         found += group_candidates(n, k, m)
     if m <= 2:

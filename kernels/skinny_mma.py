@@ -22,6 +22,18 @@ same slots). Both sides map slot 2q+e to k 8q+4h+e and slot 2q+8+e to
 bytes of every load are used. The accumulator's c0, c1 are token g against
 weight rows 2q, 2q+1 of the tile; c2, c3 belong to the zero rows.
 
+Slices (``slices`` S > 1, docs/perf.md v15): B column j is weight row j // S
+at K slice j % S, and A row i is token i // S at slice i % S, where slice s
+is the 32 k at offset 32s of every 32S-k block. A lane still loads 16 bytes
+of its B column's row and of its A rows' tokens at one k, so the operands
+still agree on every k. Only the products of matching slices are partial
+sums of an output; the epilogue adds each output's S slices and the warps'
+K ranges in shared memory. A tile is then 8 / S rows. A warp load covers
+64S contiguous bytes of each of its rows (one row x 512 B at S = 8), and a
+CTA can be as small as one row: the SIMT kernel's grain, on tensor cores.
+The A side holds M x S rows, so M x S <= 16; past 8 rows a lane loads a
+second token (A row g + 8).
+
 K loop: each warp streams its own contiguous K range in stages of ``unroll``
 32-k steps through ``stages`` register buffers: stage s+stages-1 is loaded
 before stage s is multiplied, so a warp always has stages-1 stages of loads in
@@ -76,8 +88,8 @@ class SkinnyMma(Launcher):
     ):
         """Device body: pipelined MMA over this warp's K range, reduce the K-split warps in smem, store."""
         cfg = self.cfg
-        M, D = cfg.m, cfg.stages
-        TILES = cfg.cols // MMA_ROWS
+        M, D, S = cfg.m, cfg.stages, cfg.slices
+        TILES = cfg.mma_tiles
         WK = cfg.k_threads // WARP
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -104,19 +116,37 @@ class SkinnyMma(Launcher):
             kc = kk // cfg.split  # this CTA's K range
             # This lane's first word: its K range starts at rank * kc + wk * kc / WK, its slice at 8q.
             koff = cute.assume((rank * kc + wk * (kc // WK) + q * 8) // 2, divby=4)
+        elif cutlass.const_expr(S > 1):
+            row0 = bidx * cfg.cols_per_cta + grp * cfg.cols
+            # This lane's first word: its K range starts at wk * kk / WK, its slice g % S at 32 (g % S), then 8q.
+            koff = cute.assume((wk * (kk // WK) + (g % S) * 32 + q * 8) // 2, divby=4)
         else:
             row0 = bidx * cfg.cols_per_cta + grp * cfg.cols
             # This lane's first word: its K range starts at wk * kk / WK, its slice at 8q.
             koff = cute.assume((wk * (kk // WK) + q * 8) // 2, divby=4)
-        # Lanes whose token is padding (g >= M) read token 0 and zero it: all-ones
-        # mask for real tokens, zero for padding, without a branch.
-        keep = ((cutlass.Int32(M - 1) - g) >> 31) ^ cutlass.Int32(-1)
-        w_lane = cute.recast_ptr(w, dtype=cutlass.Int32) + cute.assume((row0 + g) * r_half + koff, divby=4)
-        a_lane = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((g & keep) * r_half + koff, divby=4)
+        if cutlass.const_expr(S > 1):
+            # B column g: row g // S; A rows g and g + 8: tokens g // S and (g + 8) // S, all at slice g % S.
+            # Padding tokens (>= M) read token 0 and are zeroed, as below.
+            tok = g // S
+            keep = ((cutlass.Int32(M - 1) - tok) >> 31) ^ cutlass.Int32(-1)
+            tok2 = (g + MMA_ROWS) // S
+            keep2 = ((cutlass.Int32(M - 1) - tok2) >> 31) ^ cutlass.Int32(-1)
+            w_lane = cute.recast_ptr(w, dtype=cutlass.Int32) + cute.assume((row0 + g // S) * r_half + koff, divby=4)
+            a_lane = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((tok & keep) * r_half + koff, divby=4)
+            a_lane2 = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((tok2 & keep2) * r_half + koff, divby=4)
+        else:
+            # Lanes whose token is padding (g >= M) read token 0 and zero it: all-ones
+            # mask for real tokens, zero for padding, without a branch.
+            keep = ((cutlass.Int32(M - 1) - g) >> 31) ^ cutlass.Int32(-1)
+            w_lane = cute.recast_ptr(w, dtype=cutlass.Int32) + cute.assume((row0 + g) * r_half + koff, divby=4)
+            a_lane = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((g & keep) * r_half + koff, divby=4)
+            keep2, a_lane2 = keep, a_lane
+        tokens = (a_lane, keep, a_lane2, keep2)
 
-        # (stage buffer, step, tile, word) i32: 8 k of weight row g per step and tile
+        # (stage buffer, step, tile, word) i32: 8 k of weight row g (g // S with slices) per step and tile
         wbuf = cute.make_rmem_tensor((D, cfg.unroll, TILES, 4), cutlass.Int32)
-        xbuf = cute.make_rmem_tensor((D, cfg.unroll, 4), cutlass.Int32)  # (stage buffer, step, word) i32: token g
+        # (stage buffer, step, word) i32: 8 k of token g, then (second load) of A row g + 8's token
+        xbuf = cute.make_rmem_tensor((D, cfg.unroll, 4 * cfg.token_loads), cutlass.Int32)
         acc = cute.make_rmem_tensor((TILES, 4), cutlass.Float32)  # (tile, c0..c3) MMA accumulators
         acc.fill(0.0)
 
@@ -126,7 +156,7 @@ class SkinnyMma(Launcher):
             self.load_weight(w_lane, wbuf, j, j, r_half)
         wait_previous_grid(cfg)
         for j in cutlass.range_constexpr(D - 1):
-            self.load_token(a_lane, xbuf, j, j)
+            self.load_token(tokens, xbuf, j, j)
 
         # Trip t multiplies stages t*D .. t*D+D-1 (buffer j holds stage t*D+j);
         # before multiplying buffer j it refills the buffer freed one step
@@ -134,35 +164,40 @@ class SkinnyMma(Launcher):
         # refill left (the warp's last stage), so it is peeled: no load is guarded.
         if cutlass.const_expr(cfg.static_k > 0):
             for t in cutlass.range_constexpr(cfg.static_k // cfg.k_step - 1):
-                self.trip(w_lane, a_lane, wbuf, xbuf, acc, t, r_half, keep)
+                self.trip(w_lane, tokens, wbuf, xbuf, acc, t, r_half)
         else:
             # unroll=1: the body already is D steps; ptxas unrolling it again spilled a loop counter.
             for t in cutlass.range(kk // cfg.k_step - 1, unroll=1):
-                self.trip(w_lane, a_lane, wbuf, xbuf, acc, t, r_half, keep)
+                self.trip(w_lane, tokens, wbuf, xbuf, acc, t, r_half)
         last = kk // cfg.k_step * D - 1
         self.load_weight(w_lane, wbuf, D - 1, last, r_half)
-        self.load_token(a_lane, xbuf, D - 1, last)
+        self.load_token(tokens, xbuf, D - 1, last)
         for j in cutlass.range_constexpr(D):
-            self.mma_stage(wbuf, xbuf, acc, j, keep)
+            self.mma_stage(wbuf, xbuf, acc, j, tokens)
 
-        reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank)
+        if cutlass.const_expr(S > 1):
+            reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n)
+        else:
+            reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank)
 
     @cute.jit
-    def trip(self, w_lane, a_lane, wbuf, xbuf, acc, t, r_half, keep):
+    def trip(self, w_lane, tokens, wbuf, xbuf, acc, t, r_half):
         """One K-loop trip: for each buffer j, refill the buffer freed one step earlier, then multiply j."""
         D = self.cfg.stages
         for j in cutlass.range_constexpr(D):
             self.load_weight(w_lane, wbuf, (j + D - 1) % D, t * D + j + D - 1, r_half)
-            self.load_token(a_lane, xbuf, (j + D - 1) % D, t * D + j + D - 1)
-            self.mma_stage(wbuf, xbuf, acc, j, keep)
+            self.load_token(tokens, xbuf, (j + D - 1) % D, t * D + j + D - 1)
+            self.mma_stage(wbuf, xbuf, acc, j, tokens)
 
     @cute.jit
     def load_weight(self, w_lane, wbuf, buf, stage, r_half):
         """Issue stage ``stage``'s weight loads into buffer ``buf``: per step and tile, 8 k of row g."""
         cfg = self.cfg
+        S = cfg.slices
         for u in cutlass.range_constexpr(cfg.unroll):
-            for t in cutlass.range_constexpr(cfg.cols // MMA_ROWS):
-                off = cute.assume(t * MMA_ROWS * r_half + (stage * cfg.unroll + u) * 16, divby=4)
+            for t in cutlass.range_constexpr(cfg.mma_tiles):
+                # a step is 32 k per slice: 16 * S words along the row; a tile is 8 / S rows
+                off = cute.assume(t * (MMA_ROWS // S) * r_half + (stage * cfg.unroll + u) * 16 * S, divby=4)
                 v = cute.arch.inline_ptx(
                     ldg_stream_ptx(cfg.fetch), write_only_types=[cutlass.Int32] * 4, read_only_args=[(w_lane + off).toint()]
                 )
@@ -170,24 +205,33 @@ class SkinnyMma(Launcher):
                     wbuf[buf, u, t, e] = v[e]
 
     @cute.jit
-    def load_token(self, a_lane, xbuf, buf, stage):
-        """Issue stage ``stage``'s token loads into buffer ``buf``: per step, 8 k of token g (L1 hits but the first)."""
+    def load_token(self, tokens, xbuf, buf, stage):
+        """Issue stage ``stage``'s token loads into buffer ``buf``: per step, 8 k of each A row's token (L1 hits but the first)."""
         cfg = self.cfg
+        a_lane, _, a_lane2, _ = tokens
         for u in cutlass.range_constexpr(cfg.unroll):
-            off = cute.assume((stage * cfg.unroll + u) * 16, divby=4)
+            off = cute.assume((stage * cfg.unroll + u) * 16 * cfg.slices, divby=4)
             v = cute.make_tensor(a_lane + off, cute.make_layout(4)).load()
             for e in cutlass.range_constexpr(4):
                 xbuf[buf, u, e] = v[e]
+            if cutlass.const_expr(cfg.token_loads > 1):
+                v2 = cute.make_tensor(a_lane2 + off, cute.make_layout(4)).load()
+                for e in cutlass.range_constexpr(4):
+                    xbuf[buf, u, 4 + e] = v2[e]
 
     @cute.jit
-    def mma_stage(self, wbuf, xbuf, acc, buf, keep):
+    def mma_stage(self, wbuf, xbuf, acc, buf, tokens):
         """Two MMAs per step and tile on buffer ``buf`` (the first waits for its loads)."""
         cfg = self.cfg
+        _, keep, _, keep2 = tokens
         zero = mma_zero()
         for u in cutlass.range_constexpr(cfg.unroll):
             x = [xbuf[buf, u, e] & keep for e in range(4)]
-            for t in cutlass.range_constexpr(cfg.cols // MMA_ROWS):
-                mma_pair(acc, t, x, [wbuf[buf, u, t, e] for e in range(4)], zero)
+            x2 = None
+            if cutlass.const_expr(cfg.token_loads > 1):
+                x2 = [xbuf[buf, u, 4 + e] & keep2 for e in range(4)]
+            for t in cutlass.range_constexpr(cfg.mma_tiles):
+                mma_pair(acc, t, x, [wbuf[buf, u, t, e] for e in range(4)], zero, x2)
 
 # Shared with kernels/skinny_bulk.py, which feeds the same MMAs from shared memory.
 
@@ -203,14 +247,14 @@ def mma_zero():
 
 
 @cute.jit
-def mma_pair(acc, t, x, w, zero):
-    """One 32-k step on tile t: two m16n8k16 MMAs, token words x[0..3], weight fragment words w[0..3]."""
+def mma_pair(acc, t, x, w, zero, x2=None):
+    """One 32-k step on tile t: two m16n8k16 MMAs, A rows g from x[0..3] and g + 8 from x2 (None: zero), B from w[0..3]."""
     for h in cutlass.range_constexpr(2):
         c = cute.arch.inline_ptx(
             MMA_PTX,
             write_only_types=[cutlass.Float32] * 4,
             read_only_args=[
-                x[2 * h], zero, x[2 * h + 1], zero,
+                x[2 * h], zero if x2 is None else x2[2 * h], x[2 * h + 1], zero if x2 is None else x2[2 * h + 1],
                 w[2 * h], w[2 * h + 1],
                 acc[t, 0], acc[t, 1], acc[t, 2], acc[t, 3],
             ],
@@ -284,6 +328,47 @@ def reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank):
                 store_rows(cfg, acc, g, q, row0, out, residual, has_res, n)
     elif wk == 0 and g < cfg.m:
         store_rows(cfg, acc, g, q, row0, out, residual, has_res, n)
+
+
+@cute.jit
+def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
+    """``slices``: each warp puts its slice partials in shared memory, then one thread per output adds them and stores.
+
+    Lane (g, q) holds D[i][j] for A row i = g + 8h and B column j = 2q + e in acc[tile, 2h + e]. It is a
+    partial of output (token i // S, row tile * 8 / S + j // S) when i and j are the same slice (i % S == j % S);
+    each (token, row, slice) is in exactly one lane. The sum runs in a fixed order (warps, then slices).
+    """
+    S = cfg.slices
+    WK = cfg.k_threads // WARP
+    M = cfg.m
+    g = lane // 4
+    q = lane % 4
+    has_res = residual.toint() != 0
+    # (groups, WK, M, cols, S) fp32: warp wk's partial of output (token, column) at each slice
+    sRed = cute.make_tensor(
+        cute.arch.alloc_smem(cutlass.Float32, cfg.groups * WK * M * cfg.cols * S, alignment=16),
+        cute.make_layout(
+            (cfg.groups, WK, M, cfg.cols, S), stride=(WK * M * cfg.cols * S, M * cfg.cols * S, cfg.cols * S, S, 1)
+        ),
+    )
+    for t in cutlass.range_constexpr(cfg.mma_tiles):
+        for h in cutlass.range_constexpr(cfg.token_loads):
+            for e in cutlass.range_constexpr(2):
+                i = g + MMA_ROWS * h
+                j = 2 * q + e
+                if i % S == j % S:
+                    if i // S < M:
+                        sRed[grp, wk, i // S, t * (MMA_ROWS // S) + j // S, j % S] = acc[t, 2 * h + e]
+    cute.arch.sync_threads()
+    slot = wk * WARP + lane  # this thread's place in its group
+    if slot < M * cfg.cols:
+        tok = slot // cfg.cols
+        col = slot % cfg.cols
+        total = cutlass.Float32(0.0)
+        for r in cutlass.range_constexpr(WK):
+            for sl in cutlass.range_constexpr(S):
+                total = total + sRed[grp, r, tok, col, sl]
+        store_output(out, residual, has_res, total, tok, row0 + col, n)
 
 
 @cute.jit

@@ -40,6 +40,10 @@ FETCH_SIZES = (0, 64, 128, 256)
 # CTAs of one thread-block cluster that split a row group's K ("mma" only): 8 is
 # the largest cluster every sm_90+ part launches without the non-portable opt-in.
 SPLITS = (1, 2, 4, 8)
+# K slices per MMA tile ("mma" only, v15): the 8 columns of an MMA's B side are 8 / slices
+# weight rows x slices K slices, and its 16 A rows are tokens x the same slices.
+SLICES = (1, 2, 4, 8)
+MMA_A_ROWS = 16
 
 
 class ConfigError(ValueError):
@@ -86,6 +90,14 @@ class KernelConfig:
     groups, so no wave of them ends (and restarts its HBM ramp) at once, and a
     grid under half the SM's threads leaves room for the next kernel's CTAs to
     load their weight before the PDL wait (docs/perf.md v7).
+    ``slices`` ("mma" only, without ``split``; 1 = off) makes an MMA tile
+    8 / slices weight rows x ``slices`` K slices: B column j is row j // slices
+    at slice j % slices, A row i is token i // slices at slice i % slices, and
+    only the products of matching slices are kept and summed. A tile then has
+    fewer rows (``cols`` a multiple of 8 / slices, down to one row per CTA),
+    each warp load covers 64 * slices contiguous bytes of a row, and CTAs
+    live shorter at the same bytes in flight (docs/perf.md v15). It needs
+    m * slices <= 16 (the A side's rows).
     """
 
     m: int
@@ -103,6 +115,7 @@ class KernelConfig:
     fetch: int = 256
     split: int = 1
     persist: int = 0
+    slices: int = 1
 
     @property
     def groups(self) -> int:
@@ -123,7 +136,7 @@ class KernelConfig:
     def k_step(self) -> int:
         """K elements consumed by one trip of the (unrolled) K loop."""
         if self.kind == "mma":
-            return self.k_threads // 32 * MMA_K_STEP * self.unroll * self.stages * self.split
+            return self.k_threads // 32 * MMA_K_STEP * self.unroll * self.stages * self.split * self.slices
         if self.kind == "bulk":
             return self.k_threads // 32 * MMA_K_STEP * self.unroll
         return self.k_threads * self.vec * self.unroll
@@ -134,6 +147,10 @@ class KernelConfig:
         if self.kind == "bulk":
             # accumulators + one step's weight fragments per tile + its token words, per unrolled step
             return self.cols // 2 + self.unroll * (self.cols // 2 + 4), "cols/2 + unroll*(cols/2 + 4)"
+        if self.kind == "mma" and self.slices > 1:
+            # accumulators (4 per tile) + per buffered step: 4 weight words per tile + 4 words per token load
+            return (4 * self.mma_tiles + self.stages * self.unroll * (4 * self.mma_tiles + 4 * self.token_loads),
+                    "4*tiles + stages*unroll*(4*tiles + 4*token_loads)")
         if self.kind == "mma":
             # accumulators (4 per 8-row tile) + per buffered step: 4 weight words per tile + 4 token words
             return (self.cols // 2 + self.stages * self.unroll * (self.cols // 2 + 4),
@@ -146,8 +163,21 @@ class KernelConfig:
                 "m*cols + unroll*(cols+m)*vec/2 + unroll*cols*vec/2 (persist)")
 
     @property
+    def mma_tiles(self) -> int:
+        """MMA tiles ("mma"): each 8 / slices weight rows of a group's ``cols``."""
+        return self.cols * self.slices // MMA_ROWS
+
+    @property
+    def token_loads(self) -> int:
+        """Token loads per lane and step ("mma"): 2 once the m x slices rows of the A side pass its first 8."""
+        return 2 if self.m * self.slices > MMA_ROWS else 1
+
+    @property
     def mma_smem(self) -> int:
         """Shared-memory bytes of an "mma" CTA: the K-split warps' partials, and with ``split`` the slots CTA 0 receives."""
+        if self.slices > 1:
+            # (groups, warps, m, cols, slices) fp32: each warp's partial of each output and slice
+            return self.groups * (self.k_threads // 32) * self.m * self.cols * self.slices * 4
         per_warp = self.groups * (self.cols // MMA_ROWS * 2) * 32 * 4
         warps = self.k_threads // 32
         return (per_warp * warps if warps > 1 else 0) + per_warp * (self.split - 1)
@@ -172,7 +202,7 @@ class KernelConfig:
             f"_u{self.unroll}_{k}_{'pdl' if self.pdl else 'nopdl'}{'_pf' if self.prefetch else ''}"
             f"{f'_s{self.stages}' if self.stages != 1 else ''}{'_e' if self.early else ''}"
             f"{f'_f{self.fetch}' if self.fetch != 256 else ''}{f'_x{self.split}' if self.split != 1 else ''}"
-            f"{f'_p{self.persist}' if self.persist else ''}"
+            f"{f'_p{self.persist}' if self.persist else ''}{f'_sl{self.slices}' if self.slices != 1 else ''}"
         )
 
     @property
@@ -229,6 +259,14 @@ class KernelConfig:
                 f"rule 'split': split={self.split} needs kind 'mma' without prefetch (kind={self.kind!r}, "
                 f"prefetch={self.prefetch}): only the mma kernel reduces across a cluster"
             )
+        if self.slices not in SLICES or isinstance(self.slices, bool):
+            raise ConfigError(f"rule 'slices': slices={self.slices!r} must be one of {SLICES}")
+        if self.slices != 1 and (self.kind != "mma" or self.split != 1 or self.m * self.slices > MMA_A_ROWS):
+            raise ConfigError(
+                f"rule 'slices': slices={self.slices} needs kind 'mma', split 1 and m*slices <= {MMA_A_ROWS} "
+                f"(kind={self.kind!r}, split={self.split}, m={self.m}): the A side's {MMA_A_ROWS} rows hold "
+                "every token at every slice"
+            )
         if not isinstance(self.persist, int) or isinstance(self.persist, bool) or self.persist < 0:
             raise ConfigError(f"rule 'persist': persist={self.persist!r} must be an int >= 0 (0 = one CTA per row group)")
         if self.persist and (self.kind != "simt" or not self.early or self.prefetch or self.static_k):
@@ -267,10 +305,16 @@ class KernelConfig:
                     f"exceed {STATIC_SMEM_LIMIT}"
                 )
         elif self.kind == "mma":
-            if self.k_threads < 32 or self.vec != 8 or self.cols % MMA_ROWS:
+            rows = MMA_ROWS // self.slices
+            if self.k_threads < 32 or self.vec != 8 or self.cols % rows:
                 raise ConfigError(
                     f"rule 'mma tile': k_threads={self.k_threads} must be whole warps, vec={self.vec} must be 8 "
-                    f"and cols={self.cols} a multiple of {MMA_ROWS}"
+                    f"and cols={self.cols} a multiple of {rows} (8 / slices rows per tile)"
+                )
+            if self.slices > 1 and self.m * self.cols > self.k_threads:
+                raise ConfigError(
+                    f"rule 'reduction lanes': m*cols={self.m * self.cols} outputs exceed k_threads={self.k_threads} "
+                    "(one thread of the group sums each output's slices)"
                 )
             if self.mma_smem + DSL_SMEM_RESERVE > STATIC_SMEM_LIMIT:
                 raise ConfigError(

@@ -72,13 +72,13 @@ def test_manifest_is_sorted_stable_json(built):
     assert raw["toolchain"]["cutlass_dsl"] == "4.8.1"
 
 
-@pytest.mark.parametrize("kind, split", [("bulk", 1), ("mma", 2)])
-def test_bulk_and_split_kernels_build_with_the_shared_abi(built, tmp_path, kind, split):
-    """The bulk-copy and cluster-split kernels (in no sm_121 plan) compile for both archs to the shared symbol and ABI."""
+@pytest.mark.parametrize("kind, split, slices, cols", [("bulk", 1, 1, 8), ("mma", 2, 1, 8), ("mma", 1, 4, 4)])
+def test_bulk_split_and_sliced_kernels_build_with_the_shared_abi(built, tmp_path, kind, split, slices, cols):
+    """The bulk-copy, cluster-split and sliced kernels (in no sm_121 plan) compile for both archs to the shared symbol and ABI."""
     from skinny_gemm.runtime.config import KernelConfig
 
-    cfg = KernelConfig(m=4, kind=kind, threads=256, k_threads=256, cols=8, unroll=2 if kind == "bulk" else 1,
-                       stages=4, prefetch=False, split=split)
+    cfg = KernelConfig(m=4, kind=kind, threads=256, k_threads=256, cols=cols, unroll=2 if kind == "bulk" else 1,
+                       stages=4, prefetch=False, split=split, slices=slices)
     cfg.check(n=6416, k=4096)
     plan = built["root"] / "sm_90a" / "manifest.json"
     for arch in ARCHS:

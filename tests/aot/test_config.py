@@ -56,6 +56,15 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, persist=528), "persist"),
         (dict(m=1, threads=256, prefetch=False, early=True, persist=-1), "persist"),
         (dict(m=1, threads=256, prefetch=False, early=True, persist=528, static_k=4096), "persist"),
+        (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, slices=3), "slices"),
+        (dict(m=1, threads=256, prefetch=False, slices=2), "slices"),
+        # 4 tokens x 8 slices are 32 rows of the A side, which has 16
+        (dict(m=4, kind="mma", threads=256, cols=8, prefetch=False, slices=8), "slices"),
+        (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, split=2, slices=2), "slices"),
+        # a tile of 2 slices is 4 rows
+        (dict(m=1, kind="mma", threads=128, k_threads=128, cols=6, prefetch=False, slices=2), "mma tile"),
+        # 4 tokens x 16 columns = 64 outputs, each summed by one of the group's 32 threads
+        (dict(m=4, kind="mma", threads=32, k_threads=32, cols=16, prefetch=False, slices=2), "reduction lanes"),
         # 8 groups x 4 tiles x 2 values x 32 lanes x 4 B = 8 KB per slot, 7 slots sent to CTA 0
         (dict(m=1, kind="mma", threads=256, k_threads=32, cols=32, unroll=1, prefetch=False, split=8), "shared memory"),
         # the walk's stash of the next trip pushes cols=16, unroll=2 over the register budget
@@ -116,6 +125,7 @@ def _variants(cfg):
         "fetch": 128,
         "split": 2,
         "persist": 528,
+        "slices": 2,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes
@@ -127,6 +137,18 @@ def test_every_field_changes_name_and_symbol():
         other = dataclasses.replace(base, **{field: value})
         assert other.name != base.name, field
         assert other.symbol != base.symbol, field
+
+
+def test_slices_shape_the_tile():
+    """A sliced tile is 8 / slices rows: one row per CTA at 8 slices, a K step of 32 k per slice and warp."""
+    one_row = KernelConfig(m=2, kind="mma", threads=128, k_threads=128, cols=1, unroll=1, stages=4, prefetch=False,
+                           slices=8)
+    one_row.check(n=6416, k=4096)
+    assert (one_row.cols_per_cta, one_row.grid(6416), one_row.mma_tiles) == (1, 6416, 1)
+    assert one_row.k_step == 4 * 32 * 4 * 8 and one_row.token_loads == 2  # A rows 8..15 hold token 1
+    assert KernelConfig(m=1, kind="mma", threads=128, k_threads=128, cols=1, slices=8).token_loads == 1
+    with pytest.raises(ConfigError, match="rule 'k divisible'"):
+        one_row.check(n=6416, k=2048)
 
 
 def test_json_round_trip_and_unknown_fields():

@@ -44,6 +44,18 @@ def test_candidates_are_valid_and_bounded():
         assert any(c.split > 1 for c in cands) == (k >= 1024), "cluster-split candidates wherever K can be split"
 
 
+def test_slice_candidates_are_short_valid_ctas():
+    """Sliced candidates: valid, every slice count the cell's M allows, at most SLICE_MAX_TRIPS trips, rows down to one."""
+    for m, allowed in ((1, {2, 4, 8}), (2, {2, 4, 8}), (3, {2, 4}), (4, {2, 4})):
+        found = tune.slice_candidates(6416, 4096, m)
+        assert {c.slices for c in found} == allowed
+        for c in found:
+            c.check(n=6416, k=4096)
+            assert 4096 // c.k_step <= tune.SLICE_MAX_TRIPS and c.m * c.slices <= 16
+        assert min(c.cols_per_cta for c in found) == 8 // max(allowed)
+    assert tune.slice_candidates(2048, 128, 1) == []  # K=128 is shorter than any sliced step
+
+
 def test_persistent_grids_fit_at_once_on_the_h200():
     """A walk whose CTAs cannot all be resident would run in waves, which is what it exists to avoid."""
     cands = tune.persist_candidates(6416, 4096, 1)
