@@ -30,8 +30,9 @@ SHAPES = {
 
 
 def test_candidates_are_valid_and_bounded():
-    results = json.loads((PACKAGE_ROOT / "docs" / "results" / "tune-sm_90a-h200.json").read_text())
-    counts = [len(tune.candidates(row["n"], row["k"], row["m"])) for row in results["cells"]]
+    rows = [row for name in ("tune-sm_90a-h200-m12.json", "tune-sm_90a-h200-m34.json")
+            for row in json.loads((PACKAGE_ROOT / "docs" / "results" / name).read_text())["cells"]]
+    counts = [len(tune.candidates(row["n"], row["k"], row["m"])) for row in rows]
     assert len(counts) == 52 and 1 <= min(counts) and max(counts) <= tune.MAX_CANDIDATES
     for n, k, m in [(160, 4096, 1), (2048, 128, 4), (4096, 4096, 3), (38720, 4096, 2)]:
         cands = tune.candidates(n, k, m)
@@ -86,19 +87,17 @@ def test_tune_cli_rejects_bad_requests_in_one_line(tmp_path, capsys):
 def test_committed_plan_is_the_tuners_output(tmp_path):
     """kernels/plans/sm_90a.json is exactly what `tune write` makes of the committed H200 results.
 
-    Five runs: the whole seed set, then its M=1 cells again with more SIMT CTA shapes
-    (`tune prepare --m 1`), then its M=4, M=2 and M=3 cells with multi-group mma CTAs and
-    without the bulk kernel (`tune prepare --m 4`, `--m 2`, `--m 3`); a later run's cells
-    replace an earlier one's.
+    Two runs with every candidate kind, sliced mma tiles included: the seed set's M=1 and M=2
+    cells (`tune prepare --m 1 2`), then its M=3 and M=4 cells (`--m 3 4`).
     """
-    names = ("tune-sm_90a-h200.json", "tune-sm_90a-h200-m1.json", "tune-sm_90a-h200-m4.json",
-             "tune-sm_90a-h200-m2.json", "tune-sm_90a-h200-m3.json")
+    names = ("tune-sm_90a-h200-m12.json", "tune-sm_90a-h200-m34.json")
     runs = [PACKAGE_ROOT / "docs" / "results" / name for name in names]
     out = tmp_path / "sm_90a.json"
     path, planned, skipped = tune.write_plan(runs, out=out)
     assert out.read_text() == plans.plan_path("sm_90a").read_text()
     _, entries = plans.load(out)
-    assert planned == len(entries) and planned + skipped == len(json.loads(runs[0].read_text())["cells"])
+    cells = {(c["n"], c["k"], c["m"]) for run in runs for c in json.loads(run.read_text())["cells"]}
+    assert planned == len(entries) and planned + skipped == len(cells) == 52
     for e in entries:
         assert e.provenance["kind"] == "measured" and e.provenance["speedup"] >= tune.MIN_SPEEDUP
         assert e.provenance["gpu"] == "NVIDIA H200"
