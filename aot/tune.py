@@ -56,8 +56,8 @@ MMA_PIPES = ((8, 4), (8, 8), (8, 16), (16, 2), (16, 4), (32, 2))
 # no hint won 4096x1536 (docs/perf.md v4). The L2 bulk prefetch never made a
 # decode-step pick for the mma kernel in the v4 sweep: it is no longer timed there.
 MMA_FETCH = (256, 128, 0)
-# Most candidates `candidates` gives one cell of the sm_90a seed set (38720x4096 at M=1: 358).
-MAX_CANDIDATES = 400
+# Most candidates `candidates` gives one cell of the sm_90a seed set (38720x4096 at M=1: 410).
+MAX_CANDIDATES = 480
 # SMs of the H200 (and H100 SXM), for the persistent grids below.
 H200_SMS = 132
 # Cluster-split mma (v6): K shared by the CTAs of a cluster. Its first sweep (8 cells,
@@ -130,21 +130,22 @@ def group_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
 
 
 # Sliced mma (v15): tiles of 8 / slices rows x slices K slices. Its first sweep (8 cells,
-# 760 configs) won every K=4096 cell at M=1..4, with CTAs of 1-8 rows x 64-256 threads
-# living at most 4 K-loop trips; 512 threads never placed in a cell's top four.
+# 760 configs) won every K=4096 cell at M=1..4 with CTAs of at most 4 K-loop trips. A wider
+# sweep of three M=1 cells (813 configs) then won with 4 tiles per CTA and 512 threads
+# (4096x4096 8.47 -> 8.06 us), and fetch 0 or 128 B beat 256 on every sliced winner.
 SLICE_CHOICES = (2, 4, 8)
-SLICE_K_THREADS = (64, 128, 256)
+SLICE_TILES = (1, 2, 4)
+SLICE_K_THREADS = (64, 128, 256, 512)
 SLICE_STAGES = (2, 4, 8)
-SLICE_FETCH = (256, 128)
+SLICE_FETCH = (128, 0)
 SLICE_MAX_TRIPS = 4
 
 
 def slice_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """The sliced mma configs for one cell: every slice count the cell's M allows, 1 or 2 tiles of rows, short CTAs."""
+    """The sliced mma configs for one cell: every slice count the cell's M allows, 1, 2 or 4 tiles of rows, short CTAs."""
     found = []
     for slices in SLICE_CHOICES:
-        rows = MMA_ROWS // slices
-        for cols in (rows, 2 * rows):
+        for cols in (MMA_ROWS // slices * tiles for tiles in SLICE_TILES):
             for k_threads in SLICE_K_THREADS:
                 for stages in SLICE_STAGES:
                     for fetch in SLICE_FETCH:
