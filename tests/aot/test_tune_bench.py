@@ -87,11 +87,13 @@ def test_tune_cli_rejects_bad_requests_in_one_line(tmp_path, capsys):
 def test_committed_plan_is_the_tuners_output(tmp_path):
     """kernels/plans/sm_90a.json is exactly what `tune write` makes of the committed H200 results.
 
-    Three runs with every candidate kind, sliced mma tiles included: the seed set's M=1 and
-    M=2 cells (`tune prepare --m 1 2`), its M=3 and M=4 cells (`--m 3 4`), then its M=1 cells
-    again with the wider sliced candidates (`--m 1`); a later run's cells replace an earlier one's.
+    Five runs with every candidate kind, sliced mma tiles included: the seed set's M=1 and
+    M=2 cells (`tune prepare --m 1 2`), its M=3 and M=4 cells (`--m 3 4`), then its M=1, M=2
+    and M=4 cells again with the wider sliced candidates (`--m 1`, `--m 2`, `--m 4`); a later
+    run's cells replace an earlier one's.
     """
-    names = ("tune-sm_90a-h200-m12.json", "tune-sm_90a-h200-m34.json", "tune-sm_90a-h200-m1.json")
+    names = ("tune-sm_90a-h200-m12.json", "tune-sm_90a-h200-m34.json", "tune-sm_90a-h200-m1.json",
+             "tune-sm_90a-h200-m2.json", "tune-sm_90a-h200-m4.json")
     runs = [PACKAGE_ROOT / "docs" / "results" / name for name in names]
     out = tmp_path / "sm_90a.json"
     path, planned, skipped = tune.write_plan(runs, out=out)
