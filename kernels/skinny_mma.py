@@ -72,8 +72,8 @@ class SkinnyMma(Launcher):
     """One compiled variant per KernelConfig of kind "mma".
 
     Warps of a CTA: ``k_threads // 32`` split K into contiguous ranges, and
-    ``threads // k_threads`` groups each own ``cols`` weight rows (``cols / 8``
-    MMA tiles).
+    ``threads // k_threads`` groups each own ``cols`` weight rows (``cols * slices / 8``
+    MMA tiles of ``8 / slices`` rows).
     """
 
     @cute.kernel
@@ -126,7 +126,9 @@ class SkinnyMma(Launcher):
             koff = cute.assume((wk * (kk // WK) + q * 8) // 2, divby=4)
         if cutlass.const_expr(S > 1):
             # B column g: row g // S; A rows g and g + 8: tokens g // S and (g + 8) // S, all at slice g % S.
-            # Padding tokens (>= M) read token 0 and are zeroed, as below.
+            # Padding tokens (>= M) read token 0 and are zeroed by their mask, as in the unsliced branch.
+            # (The A row g + 8 pointer is dead code unless token_loads is 2; ptxas drops it. Building it
+            # in this order keeps the planned sliced cubins byte-identical to the ones tested on the H200.)
             tok = g // S
             keep = ((cutlass.Int32(M - 1) - tok) >> 31) ^ cutlass.Int32(-1)
             tok2 = (g + MMA_ROWS) // S
@@ -140,7 +142,8 @@ class SkinnyMma(Launcher):
             keep = ((cutlass.Int32(M - 1) - g) >> 31) ^ cutlass.Int32(-1)
             w_lane = cute.recast_ptr(w, dtype=cutlass.Int32) + cute.assume((row0 + g) * r_half + koff, divby=4)
             a_lane = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((g & keep) * r_half + koff, divby=4)
-            keep2, a_lane2 = keep, a_lane
+            keep2, a_lane2 = keep, a_lane  # unused: no A row g + 8 without slices
+        # (pointer, mask) of A row g's token, then of A row g + 8's (read only when token_loads is 2)
         tokens = (a_lane, keep, a_lane2, keep2)
 
         # (stage buffer, step, tile, word) i32: 8 k of weight row g (g // S with slices) per step and tile
@@ -191,7 +194,7 @@ class SkinnyMma(Launcher):
 
     @cute.jit
     def load_weight(self, w_lane, wbuf, buf, stage, r_half):
-        """Issue stage ``stage``'s weight loads into buffer ``buf``: per step and tile, 8 k of row g."""
+        """Issue stage ``stage``'s weight loads into buffer ``buf``: per step and tile, 8 k of row g (row g // S at slice g % S)."""
         cfg = self.cfg
         S = cfg.slices
         for u in cutlass.range_constexpr(cfg.unroll):

@@ -174,7 +174,8 @@ class KernelConfig:
 
     @property
     def mma_smem(self) -> int:
-        """Shared-memory bytes of an "mma" CTA: the K-split warps' partials, and with ``split`` the slots CTA 0 receives."""
+        """Shared-memory bytes of an "mma" CTA: the K-split warps' partials, with ``split`` the slots CTA 0 receives,
+        and with ``slices`` every warp's partial of every output and slice (even for one warp)."""
         if self.slices > 1:
             # (groups, warps, m, cols, slices) fp32: each warp's partial of each output and slice
             return self.groups * (self.k_threads // 32) * self.m * self.cols * self.slices * 4
@@ -259,14 +260,6 @@ class KernelConfig:
                 f"rule 'split': split={self.split} needs kind 'mma' without prefetch (kind={self.kind!r}, "
                 f"prefetch={self.prefetch}): only the mma kernel reduces across a cluster"
             )
-        if self.slices not in SLICES or isinstance(self.slices, bool):
-            raise ConfigError(f"rule 'slices': slices={self.slices!r} must be one of {SLICES}")
-        if self.slices != 1 and (self.kind != "mma" or self.split != 1 or self.m * self.slices > MMA_A_ROWS):
-            raise ConfigError(
-                f"rule 'slices': slices={self.slices} needs kind 'mma', split 1 and m*slices <= {MMA_A_ROWS} "
-                f"(kind={self.kind!r}, split={self.split}, m={self.m}): the A side's {MMA_A_ROWS} rows hold "
-                "every token at every slice"
-            )
         if not isinstance(self.persist, int) or isinstance(self.persist, bool) or self.persist < 0:
             raise ConfigError(f"rule 'persist': persist={self.persist!r} must be an int >= 0 (0 = one CTA per row group)")
         if self.persist and (self.kind != "simt" or not self.early or self.prefetch or self.static_k):
@@ -278,6 +271,14 @@ class KernelConfig:
             )
         if self.m > MAX_M:
             raise ConfigError(f"rule 'm range': m={self.m} exceeds {MAX_M}")
+        if not isinstance(self.slices, int) or isinstance(self.slices, bool) or self.slices not in SLICES:
+            raise ConfigError(f"rule 'slices': slices={self.slices!r} must be one of {SLICES}")
+        if self.slices != 1 and (self.kind != "mma" or self.split != 1 or self.m * self.slices > MMA_A_ROWS):
+            raise ConfigError(
+                f"rule 'slices': slices={self.slices} needs kind 'mma', split 1 and m*slices <= {MMA_A_ROWS} "
+                f"(kind={self.kind!r}, split={self.split}, m={self.m}): the A side's {MMA_A_ROWS} rows hold "
+                "every token at every slice"
+            )
         if self.threads % 32 or self.threads > 1024:
             raise ConfigError(f"rule 'whole warps': threads={self.threads} must be a multiple of 32, at most 1024")
         if self.k_threads & (self.k_threads - 1) or self.threads % self.k_threads:

@@ -72,12 +72,16 @@ def test_manifest_is_sorted_stable_json(built):
     assert raw["toolchain"]["cutlass_dsl"] == "4.8.1"
 
 
-@pytest.mark.parametrize("kind, split, slices, cols", [("bulk", 1, 1, 8), ("mma", 2, 1, 8), ("mma", 1, 4, 4)])
-def test_bulk_split_and_sliced_kernels_build_with_the_shared_abi(built, tmp_path, kind, split, slices, cols):
+@pytest.mark.parametrize(
+    "kind, split, slices, cols, threads",
+    # the last: sliced with two row groups per CTA and a second token load per lane (4 tokens x 4 slices)
+    [("bulk", 1, 1, 8, 256), ("mma", 2, 1, 8, 256), ("mma", 1, 4, 4, 256), ("mma", 1, 4, 4, 512)],
+)
+def test_bulk_split_and_sliced_kernels_build_with_the_shared_abi(built, tmp_path, kind, split, slices, cols, threads):
     """The bulk-copy, cluster-split and sliced kernels (in no sm_121 plan) compile for both archs to the shared symbol and ABI."""
     from skinny_gemm.runtime.config import KernelConfig
 
-    cfg = KernelConfig(m=4, kind=kind, threads=256, k_threads=256, cols=cols, unroll=2 if kind == "bulk" else 1,
+    cfg = KernelConfig(m=4, kind=kind, threads=threads, k_threads=256, cols=cols, unroll=2 if kind == "bulk" else 1,
                        stages=4, prefetch=False, split=split, slices=slices)
     cfg.check(n=6416, k=4096)
     plan = built["root"] / "sm_90a" / "manifest.json"
@@ -89,5 +93,5 @@ def test_bulk_split_and_sliced_kernels_build_with_the_shared_abi(built, tmp_path
         assert info.arch == arch
         kernel = info.kernels[cfg.symbol]
         assert kernel.params == [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
-        assert tuple(kernel.reqntid) == (256, 1, 1)
+        assert tuple(kernel.reqntid) == (threads, 1, 1)
         assert variant.cluster == split

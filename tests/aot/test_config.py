@@ -65,6 +65,14 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, kind="mma", threads=128, k_threads=128, cols=6, prefetch=False, slices=2), "mma tile"),
         # 4 tokens x 16 columns = 64 outputs, each summed by one of the group's 32 threads
         (dict(m=4, kind="mma", threads=32, k_threads=32, cols=16, prefetch=False, slices=2), "reduction lanes"),
+        (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, slices=True), "slices"),
+        (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, slices=2.0), "slices"),
+        (dict(m=9, kind="mma", threads=256, cols=8, prefetch=False, slices=2), "m range"),
+        # 32 warps x 8 tokens x 32 columns x 2 slices x 4 B = 64 KB of slice partials
+        (dict(m=8, kind="mma", threads=1024, k_threads=1024, cols=32, prefetch=False, slices=2), "shared memory"),
+        # 16 rows are 8 tiles of 2: 4 x 8 + 8 stages x (4 x 8 weight + 4 x 2 token words) = 352 registers
+        (dict(m=4, kind="mma", threads=128, k_threads=128, cols=16, unroll=1, stages=8, prefetch=False, slices=4),
+         "register budget"),
         # 8 groups x 4 tiles x 2 values x 32 lanes x 4 B = 8 KB per slot, 7 slots sent to CTA 0
         (dict(m=1, kind="mma", threads=256, k_threads=32, cols=32, unroll=1, prefetch=False, split=8), "shared memory"),
         # the walk's stash of the next trip pushes cols=16, unroll=2 over the register budget
