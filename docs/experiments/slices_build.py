@@ -5,17 +5,10 @@ python docs/experiments/slices_build.py OUT wide     4096x4096 M=1 (and 4096x204
                                                      grid: 32-512 threads, 1-4 tiles, 1-16 stages, fetch 0/128/256
 """
 
-import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "aot"))
-import source_tree  # noqa: E402
-
-source_tree.register(run_init=False)
-from skinny_gemm.aot import plans  # noqa: E402
-from skinny_gemm.aot.build import build_configs  # noqa: E402
+from sweep_cells import write_sweep  # this directory; it also makes the checkout importable as skinny_gemm
 from skinny_gemm.runtime.config import ConfigError, KernelConfig  # noqa: E402
 
 CELLS = [(6416, 4096, 1), (6416, 4096, 2), (6416, 4096, 4), (4096, 4096, 1), (4096, 4096, 4), (3336, 4096, 1),
@@ -46,15 +39,4 @@ def candidates(n, k, m):
     return found
 
 
-out = Path(sys.argv[1])
-out.mkdir(parents=True, exist_ok=True)
-_, entries = plans.load(plans.plan_path("sm_90a"))
-planned = {(e.n, e.k, e.m): e.config for e in entries}
-rows, configs = [], {}
-for n, k, m in CELLS:
-    cands = candidates(n, k, m) + [planned[(n, k, m)]]
-    rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
-    configs.update({c.name: c for c in cands})
-(out / "cells.json").write_text(json.dumps({"arch": "sm_90a", "cells": rows}, indent=1, sort_keys=True))
-build_configs("sm_90a", configs.values(), [], out / "sm_90a", out / "cells.json", jobs=2, progress=False)
-print(f"{sum(len(r['candidates']) for r in rows)} timings, {len(configs)} variants -> {out}")
+write_sweep(Path(sys.argv[1]), CELLS, candidates)

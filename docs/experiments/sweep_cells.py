@@ -59,16 +59,20 @@ SWEEPS = {
     ),
 }
 
-cells, generate = SWEEPS[sys.argv[1]]
-out = Path(sys.argv[2])
-out.mkdir(parents=True, exist_ok=True)
-_, entries = plans.load(plans.plan_path("sm_90a"))
-planned = {(e.n, e.k, e.m): e.config for e in entries}
-rows, configs = [], {}
-for n, k, m in cells:
-    cands = generate(n, k, m) + [planned[(n, k, m)]]
-    rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
-    configs.update({c.name: c for c in cands})
-(out / "cells.json").write_text(json.dumps({"arch": "sm_90a", "cells": rows}, indent=1, sort_keys=True))
-build_configs("sm_90a", configs.values(), [], out / "sm_90a", out / "cells.json", jobs=2, progress=False)
-print(f"{sum(len(r['candidates']) for r in rows)} timings, {len(configs)} variants -> {out}")
+def write_sweep(out: Path, cells, generate) -> None:
+    """Compile each cell's generated configs next to its planned one into ``out`` (cells.json + sm_90a/), as `tune prepare` lays out."""
+    out.mkdir(parents=True, exist_ok=True)
+    _, entries = plans.load(plans.plan_path("sm_90a"))
+    planned = {(e.n, e.k, e.m): e.config for e in entries}
+    rows, configs = [], {}
+    for n, k, m in cells:
+        cands = generate(n, k, m) + [planned[(n, k, m)]]
+        rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
+        configs.update({c.name: c for c in cands})
+    (out / "cells.json").write_text(json.dumps({"arch": "sm_90a", "cells": rows}, indent=1, sort_keys=True))
+    build_configs("sm_90a", configs.values(), [], out / "sm_90a", out / "cells.json", jobs=2, progress=False)
+    print(f"{sum(len(r['candidates']) for r in rows)} timings, {len(configs)} variants -> {out}")
+
+
+if __name__ == "__main__":
+    write_sweep(Path(sys.argv[2]), *SWEEPS[sys.argv[1]])
