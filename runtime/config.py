@@ -246,14 +246,14 @@ class KernelConfig:
                 f"rule 'early': early needs kind 'simt' and pdl (kind={self.kind!r}, pdl={self.pdl}); the mma "
                 "kernel always loads its first stages-1 stages before the PDL wait"
             )
-        if self.fetch not in FETCH_SIZES or isinstance(self.fetch, bool):
+        if not isinstance(self.fetch, int) or isinstance(self.fetch, bool) or self.fetch not in FETCH_SIZES:
             raise ConfigError(f"rule 'fetch': fetch={self.fetch!r} must be one of {FETCH_SIZES} bytes")
         if self.kind != "mma" and self.fetch != 256:
             raise ConfigError(
                 f"rule 'fetch': fetch={self.fetch} is an mma option; kind {self.kind!r} keeps the default 256 "
                 "(its loads carry no hint, so another value would only duplicate the variant)"
             )
-        if self.split not in SPLITS or isinstance(self.split, bool):
+        if not isinstance(self.split, int) or isinstance(self.split, bool) or self.split not in SPLITS:
             raise ConfigError(f"rule 'split': split={self.split!r} must be one of {SPLITS} CTAs per cluster")
         if self.split != 1 and (self.kind != "mma" or self.prefetch):
             raise ConfigError(

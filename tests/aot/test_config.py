@@ -67,6 +67,8 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=4, kind="mma", threads=32, k_threads=32, cols=16, prefetch=False, slices=2), "reduction lanes"),
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, slices=True), "slices"),
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, slices=2.0), "slices"),
+        (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, split=2.0), "split"),
+        (dict(m=1, kind="mma", threads=256, cols=8, fetch=128.0), "fetch"),
         (dict(m=9, kind="mma", threads=256, cols=8, prefetch=False, slices=2), "m range"),
         # 32 warps x 8 tokens x 32 columns x 2 slices x 4 B = 64 KB of slice partials
         (dict(m=8, kind="mma", threads=1024, k_threads=1024, cols=32, prefetch=False, slices=2), "shared memory"),
