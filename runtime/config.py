@@ -147,14 +147,11 @@ class KernelConfig:
         if self.kind == "bulk":
             # accumulators + one step's weight fragments per tile + its token words, per unrolled step
             return self.cols // 2 + self.unroll * (self.cols // 2 + 4), "cols/2 + unroll*(cols/2 + 4)"
-        if self.kind == "mma" and self.slices > 1:
+        if self.kind == "mma":
             # accumulators (4 per tile) + per buffered step: 4 weight words per tile + 4 words per token load
+            # (unsliced: tiles = cols / 8 and one token load, i.e. cols/2 + stages*unroll*(cols/2 + 4))
             return (4 * self.mma_tiles + self.stages * self.unroll * (4 * self.mma_tiles + 4 * self.token_loads),
                     "4*tiles + stages*unroll*(4*tiles + 4*token_loads)")
-        if self.kind == "mma":
-            # accumulators (4 per 8-row tile) + per buffered step: 4 weight words per tile + 4 token words
-            return (self.cols // 2 + self.stages * self.unroll * (self.cols // 2 + 4),
-                    "cols/2 + stages*unroll*(cols/2 + 4)")
         regs = self.m * self.cols + self.unroll * (self.cols + self.m) * self.vec // 2
         if not self.persist:
             return regs, "m*cols + unroll*(cols+m)*vec/2"
