@@ -15,16 +15,23 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from ..runtime.config import KernelConfig
+from ..kernels.config import KernelConfig
 from ..runtime.manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME, PARAMS, SCHEMA, dumps, write_atomic
 from ..runtime.version import __version__
 from . import cubin as cubin_mod
 from . import plans
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-# Files whose content decides what a cubin holds; their digest keys the cache
-# and is recorded in the manifest so verify can spot a stale artifact.
-SOURCE_FILES = ("kernels/common.py", "kernels/skinny_gemm.py", "kernels/skinny_mma.py", "runtime/config.py")
+# Files whose content decides what a cubin holds: every Python file of kernels/
+# (the kernels, their shared helpers and the config), found on disk rather than
+# listed, so a new kernel file can never be left out of the digest. The digest
+# keys the cache and is recorded in the manifest so verify can spot a stale artifact.
+SOURCE_GLOB = "kernels/*.py"
+
+
+def source_files(root: Path = PACKAGE_ROOT) -> list[str]:
+    """The kernel source files under ``root``, as sorted relative paths."""
+    return sorted(p.relative_to(root).as_posix() for p in root.glob(SOURCE_GLOB))
 CUTLASS_DIST = "nvidia-cutlass-dsl"
 
 
@@ -48,7 +55,7 @@ class BuildResult:
 def source_digest(root: Path = PACKAGE_ROOT) -> str:
     """sha256 over the kernel sources (path and bytes, in a fixed order)."""
     h = hashlib.sha256()
-    for rel in SOURCE_FILES:
+    for rel in source_files(root):
         h.update(rel.encode() + b"\0" + (root / rel).read_bytes() + b"\0")
     return h.hexdigest()
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime.config import ConfigError, KernelConfig
+from ..kernels.config import ConfigError, KernelConfig
 from ..runtime.manifest import CAPABILITY_FOR_ARCH, dumps
 
 PLANS_DIR = Path(__file__).resolve().parent.parent / "kernels" / "plans"

@@ -32,7 +32,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..runtime.config import MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
+from ..kernels.config import MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
 from ..runtime.manifest import dumps
 
 MIN_SPEEDUP = 1.05

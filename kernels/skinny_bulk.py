@@ -1,6 +1,6 @@
 """The bulk-copy skinny GEMM: the weight streams into a shared-memory ring by ``cp.async.bulk``, tensor cores multiply.
 
-Order: config (imported: ``skinny_gemm.runtime.config``, kind "bulk"), kernel
+Order: config (imported: ``skinny_gemm.kernels.config``, kind "bulk"), kernel
 class (host launcher, device body), compile entry.
 
 Why (docs/perf.md v4): the register-pipelined mma kernel holds at most a few
@@ -32,7 +32,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from ..runtime.config import BULK_ROW_PAD, MMA_ROWS, KernelConfig
+from .config import BULK_ROW_PAD, MMA_ROWS, KernelConfig
 from .common import Launcher, compile_kernel, wait_previous_grid
 from .skinny_mma import WARP, mma_pair, mma_zero, reduce_and_store
 

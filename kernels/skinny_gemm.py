@@ -1,6 +1,6 @@
 """The skinny GEMM: C[M, N] = A[M, K] @ W[N, K]^T (+ residual), BF16 in/out, fp32 accumulate.
 
-Order: config (imported: ``skinny_gemm.runtime.config``), kernel class (host
+Order: config (imported: ``skinny_gemm.kernels.config``), kernel class (host
 launcher, device body), compile entry.
 
 Kernel-parameter ABI (DESIGN.md): raw pointers and Int32 only, so every
@@ -14,7 +14,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from ..runtime.config import KernelConfig
+from .config import KernelConfig
 from .common import Launcher, compile_kernel, prologue, store_output, wait_previous_grid
 
 WARP = 32

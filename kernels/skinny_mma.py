@@ -1,6 +1,6 @@
 """The tensor-core skinny GEMM: tokens are the MMA's 16-row side, weight rows its 8-wide side.
 
-Order: config (imported: ``skinny_gemm.runtime.config``, kind "mma"), kernel
+Order: config (imported: ``skinny_gemm.kernels.config``, kind "mma"), kernel
 class (host launcher, device body), compile entry.
 
 Why: the SIMT kernel pays scalar FMAs and conversions for every token, so its
@@ -49,7 +49,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from ..runtime.config import MMA_ROWS, KernelConfig
+from .config import MMA_ROWS, KernelConfig
 from .common import Launcher, compile_kernel, prefetch_weight, store_output, wait_previous_grid
 
 WARP = 32

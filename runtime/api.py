@@ -11,7 +11,7 @@ import copy
 import torch
 
 from . import loader, ops
-from .config import KernelConfig
+from ..kernels.config import KernelConfig
 
 loader.install_hook()
 

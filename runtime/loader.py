@@ -58,7 +58,7 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError
+from ..kernels.config import ConfigError
 from .manifest import ARCH_FOR_CAPABILITY, MANIFEST_NAME, PARAMS, Manifest, ManifestError, Variant, launch_problem, parse
 from .version import __version__
 

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ConfigError, KernelConfig
+from ..kernels.config import ConfigError, KernelConfig
 
 SCHEMA = 1
 MANIFEST_NAME = "manifest.json"

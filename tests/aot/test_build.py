@@ -1,6 +1,8 @@
 """The build: entries collapse into variants, cubins match their arch, manifest last, reproducible, cached."""
 
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -79,7 +81,7 @@ def test_manifest_is_sorted_stable_json(built):
 )
 def test_bulk_split_and_sliced_kernels_build_with_the_shared_abi(built, tmp_path, kind, split, slices, cols, threads):
     """The bulk-copy, cluster-split and sliced kernels (in no sm_121 plan) compile for both archs to the shared symbol and ABI."""
-    from skinny_gemm.runtime.config import KernelConfig
+    from skinny_gemm.kernels.config import KernelConfig
 
     cfg = KernelConfig(m=4, kind=kind, threads=threads, k_threads=256, cols=cols, unroll=2 if kind == "bulk" else 1,
                        stages=4, prefetch=False, split=split, slices=slices)
@@ -95,3 +97,16 @@ def test_bulk_split_and_sliced_kernels_build_with_the_shared_abi(built, tmp_path
         assert kernel.params == [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
         assert tuple(kernel.reqntid) == (threads, 1, 1)
         assert variant.cluster == split
+
+
+def test_plan_cubins_unchanged_since_before_the_redesign(built, tmp_path):
+    """Every cubin of the plans committed before the issue-12 redesign rebuilds byte-identical (the list is data)."""
+    from skinny_gemm.kernels.config import KernelConfig
+
+    before = json.loads((Path(__file__).parent / "cubins-before-redesign.json").read_text())["cubins"]
+    for arch, cubins in before.items():
+        configs = [KernelConfig.from_json(rec["config"]) for rec in cubins.values()]
+        out = tmp_path / arch
+        build.build_configs(arch, configs, [], out, plans.plan_path(arch), cache_dir=built["cache"], progress=False)
+        for file, rec in cubins.items():
+            assert hashlib.sha256((out / file).read_bytes()).hexdigest() == rec["sha256"], f"{arch}/{file}"

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from skinny_gemm.aot import plans
-from skinny_gemm.runtime.config import ConfigError, KernelConfig
+from skinny_gemm.kernels.config import ConfigError, KernelConfig
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_121"])

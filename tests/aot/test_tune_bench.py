@@ -10,6 +10,9 @@ from skinny_gemm.aot.build import PACKAGE_ROOT
 
 from helpers.fake_step import STEPS, cand, fake_step
 
+# The committed H200 tuner results the sm_90a plan is derived from.
+TUNING = PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a"
+
 SHAPES = {
     "linears": {
         name: {"calls_per_step": calls, "tp": {"4": [n, k], "8": [n // 2, k]}}
@@ -31,7 +34,7 @@ SHAPES = {
 
 def test_candidates_are_valid_and_bounded():
     rows = [row for name in ("tune-sm_90a-h200-m12.json", "tune-sm_90a-h200-m34.json")
-            for row in json.loads((PACKAGE_ROOT / "docs" / "results" / name).read_text())["cells"]]
+            for row in json.loads((TUNING / name).read_text())["cells"]]
     counts = [len(tune.candidates(row["n"], row["k"], row["m"])) for row in rows]
     assert len(counts) == 52 and 1 <= min(counts) and max(counts) <= tune.MAX_CANDIDATES
     for n, k, m in [(160, 4096, 1), (2048, 128, 4), (4096, 4096, 3), (38720, 4096, 2)]:
@@ -94,7 +97,7 @@ def test_committed_plan_is_the_tuners_output(tmp_path):
     """
     names = ("tune-sm_90a-h200-m12.json", "tune-sm_90a-h200-m34.json", "tune-sm_90a-h200-m1.json",
              "tune-sm_90a-h200-m2.json", "tune-sm_90a-h200-m4.json")
-    runs = [PACKAGE_ROOT / "docs" / "results" / name for name in names]
+    runs = [TUNING / name for name in names]
     out = tmp_path / "sm_90a.json"
     path, planned, skipped = tune.write_plan(runs, out=out)
     assert out.read_text() == plans.plan_path("sm_90a").read_text()
