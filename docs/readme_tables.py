@@ -6,6 +6,7 @@ Usage: python docs/readme_tables.py docs/results/bench-h200.json
 import json
 import math
 import sys
+from pathlib import Path
 
 
 def geomean(values):
@@ -15,7 +16,7 @@ def geomean(values):
 
 def main(path):
     """Print the per-shape speedup table, the decode-step table and the startup record."""
-    data = json.load(open(path))
+    data = json.loads(Path(path).read_text())
     rows = data["entries"]
     shapes = sorted({(r["n"], r["k"]) for r in rows}, key=lambda s: s[0] * s[1])
     print("| weight (N, K) | MB | M=1 | M=2 | M=3 | M=4 | % of 4.8 TB/s at M=1 / M=4 |")
@@ -38,4 +39,6 @@ def main(path):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python docs/readme_tables.py docs/results/bench-h200.json")
     main(sys.argv[1])
