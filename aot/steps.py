@@ -100,7 +100,7 @@ def load(path: str | Path) -> dict:
         raise StepError(f"{path}: malformed JSON ({exc})") from None
     if not isinstance(model, dict):
         raise StepError(f"{path}: not a model description (a JSON object)")
-    validate(model, path.name)
+    validate(model, str(path))
     return model
 
 

@@ -4,11 +4,9 @@ import dataclasses
 import json
 
 import pytest
-
+from helpers.fake_step import STEPS, cand, fake_step
 from skinny_gemm.aot import bench, plans, tune
 from skinny_gemm.aot.build import PACKAGE_ROOT
-
-from helpers.fake_step import STEPS, cand, fake_step
 
 # The committed H200 tuner results the sm_90a plan is derived from.
 TUNING = PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a"
@@ -27,9 +25,14 @@ SHAPES = {
             ("indexer_wk", 11, 160, 4096),
             ("mla_o_proj", 11, 4096, 4096),
             ("lm_head", 1, 38720, 4096),
+            ("shared_gate_up", 42, 1024, 4096),
+            ("shared_down", 42, 4096, 512),
         ]
-    }
+    },
+    # The layer order is the committed GLM-5.3-Flash step (kernels/models/glm-5.3-flash.json).
+    "step": json.loads((PACKAGE_ROOT / "kernels" / "models" / "glm-5.3-flash.json").read_text())["step"],
 }
+SEED_90A = [name for name in SHAPES["linears"] if not name.startswith("shared_")]
 
 
 def test_candidates_are_valid_and_bounded():
@@ -73,7 +76,7 @@ def test_tune_cli_rejects_bad_requests_in_one_line(tmp_path, capsys):
     from skinny_gemm.aot import cli
 
     shapes = tmp_path / "shapes.json"
-    seed = {"tp": [4, 8], "linears": sorted(SHAPES["linears"]), "planned_M": [1, 2, 3, 4]}
+    seed = {"tp": [4, 8], "linears": sorted(SEED_90A), "planned_M": [1, 2, 3, 4]}
     shapes.write_text(json.dumps({**SHAPES, "seed_plan_sets": {"sm_90a": seed}}))
     assert cli.main(["tune", "prepare", "--shapes", str(shapes), "--out", str(tmp_path / "c"), "--m", "5"]) == 2
     err = capsys.readouterr().err
@@ -99,7 +102,7 @@ def test_committed_plan_is_the_tuners_output(tmp_path):
              "tune-sm_90a-h200-m2.json", "tune-sm_90a-h200-m4.json")
     runs = [TUNING / name for name in names]
     out = tmp_path / "sm_90a.json"
-    path, planned, skipped = tune.write_plan(runs, out=out)
+    _path, planned, skipped = tune.write_plan(runs, out=out)
     assert out.read_text() == plans.plan_path("sm_90a").read_text()
     _, entries = plans.load(out)
     cells = {(c["n"], c["k"], c["m"]) for run in runs for c in json.loads(run.read_text())["cells"]}
@@ -134,17 +137,17 @@ def test_write_plan_keeps_only_cells_that_win(tmp_path):
 
 def test_write_plan_merges_results_later_files_replace_cells(tmp_path):
     """Re-tuning one M (`tune prepare --m 1`) and writing both files: the later file's cells win, the rest stay."""
-    cfg = lambda m: tune.candidates(4096, 4096, m)[0].to_json()  # noqa: E731
-    cell = lambda m, us: {"n": 4096, "k": 4096, "m": m, "cublas_us": 10.0,  # noqa: E731
+    cfg = lambda m: tune.candidates(4096, 4096, m)[0].to_json()
+    cell = lambda m, us: {"n": 4096, "k": 4096, "m": m, "cublas_us": 10.0,
                           "candidates": {"a": {"config": cfg(m), "bad_elements": 0, "us": us}}}
-    run = lambda date, cells: {"arch": "sm_90a", "gpu": "test GPU", "date": date, "method": "synthetic",  # noqa: E731
+    run = lambda date, cells: {"arch": "sm_90a", "gpu": "test GPU", "date": date, "method": "synthetic",
                                "cells": cells}
     first, second = tmp_path / "all.json", tmp_path / "m1.json"
     first.write_text(json.dumps(run("2026-11-28", [cell(1, 8.0), cell(2, 9.0)])))
     second.write_text(json.dumps(run("2026-11-29", [cell(1, 5.0)])))
     _, planned, skipped = tune.write_plan([first, second], out=tmp_path / "plan.json")
     assert (planned, skipped) == (2, 0)
-    header, entries = plans.load(tmp_path / "plan.json")
+    _header, entries = plans.load(tmp_path / "plan.json")
     assert [(e.m, e.provenance["plan_us"], e.provenance["date"]) for e in entries] == [
         (1, 5.0, "2026-11-29"), (2, 9.0, "2026-11-28")]
     other = tmp_path / "other.json"
@@ -245,22 +248,22 @@ def test_isolated_winners_rank_correct_fast_candidates():
 def test_decode_steps_follow_the_seed_set(tmp_path):
     path = tmp_path / "shapes.json"
     path.write_text(json.dumps({**SHAPES, "seed_plan_sets": {
-        "sm_90a": {"tp": [4, 8], "linears": list(SHAPES["linears"]), "planned_M": [1, 2, 3, 4]},
+        "sm_90a": {"tp": [4, 8], "linears": SEED_90A, "planned_M": [1, 2, 3, 4]},
         "sm_121": {"tp": 2, "linears": ["kda_in_proj", "shared_down"], "planned_M": [1, 2, 4]}}}))
     steps = plans.decode_steps("sm_90a", path)
     assert sorted(steps) == [4, 8] and all(len(v) == 192 for v in steps.values())
     assert steps[8][0] == (3208, 4096) and steps[4][-1] == (38720, 4096)
-    assert plans.decode_steps("sm_121", path) == {}, "shared experts have no known place in the layer order"
+    assert plans.decode_steps("sm_121", path) == {}, "the step is stated for TP 4 and 8, not the sm_121 set's TP 2"
 
 
 def test_decode_order_is_one_step():
     for tp in (4, 8):
-        order = plans.decode_order(SHAPES, tp)
+        order = plans.decode_order({**SHAPES, "seed_plan_sets": {"sm_90a": {"linears": SEED_90A}}}, tp)
         assert len(order) == 192
         counts = {}
         for name, _, _ in order:
             counts[name] = counts.get(name, 0) + 1
-        assert counts == {name: v["calls_per_step"] for name, v in SHAPES["linears"].items()}
+        assert counts == {name: v["calls_per_step"] for name, v in SHAPES["linears"].items() if name in SEED_90A}
         assert order[-1][0] == "lm_head"
 
 
