@@ -152,7 +152,7 @@ def plan_cells(configs_file: Path, cells: list[tuple[int, int, int]]) -> list[di
 def compile_variant(cfg: PeerConfig, dump_dir: str) -> bytes:
     """Compile one CuteSkinnyGemm variant for sm_90a as vLLM does, with fake tensors; return the cubin."""
     import cutlass
-    import cutlass.cute as cute
+    from cutlass import cute
     from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
     from vllm.model_executor.kernels.linear.cute_dsl._skinny_gemm import CuteSkinnyGemm
 
