@@ -291,9 +291,12 @@ class PeerLib:
     """The peer's cubins loaded on this GPU (cuda.bindings directly), launchable inside graph capture."""
 
     def __init__(self, folder: Path):
+        import torch
+
         from ..runtime import loader
 
         self.man = read_manifest(folder)
+        torch.cuda.synchronize()  # torch's context exists and is current: cuKernelGetFunction needs one
         self.cells = {(c["n"], c["k"], c["m"]): c for c in self.man["cells"]}
         loader._init_driver()
         d = self.d = loader._driver()
