@@ -98,6 +98,13 @@ def build_served(model_file, ms, arch: str = "sm_90a") -> tuple[dict, list]:
     return model, [(tp, m, steps.build(model, tp, m, arch=arch)) for tp in model["step"]["tp"] for m in ms]
 
 
+def steps_build(model: dict, tp: int, m: int, arch: str = "sm_90a") -> list:
+    """One built step (aot/steps.py), the GEMMs being the arch's seed linears or the model's BF16 ones."""
+    from . import steps
+
+    return steps.build(model, tp, m, arch=arch)
+
+
 def bench_served(model: dict, built: list, trials: int, progress: bool, peer_lib=None, device=None) -> list[dict]:
     """Per (TP, M): the served step, the ops alone and the bare chain as CUDA graphs, cuBLAS vs ours (vs the peer)."""
     import skinny_gemm

@@ -4,6 +4,7 @@ import json
 from collections import Counter
 
 import pytest
+from helpers.fake_step import HAND_MODEL as HAND
 from skinny_gemm.aot import plans, steps
 from skinny_gemm.aot.steps import Op, StepError
 
@@ -66,39 +67,6 @@ def test_glm_step_is_todays_decode_order():
         assert all(op.bytes == op.n * op.k for op in reads)
         assert Counter(op.kind for op in ops)["recurrent"] == 34 and Counter(op.kind for op in ops)["attention"] == 11
     assert sum(n * k * 2 for _, n, k in plans.decode_order(model, 4)) == 3_555_196_928  # DESIGN.md: 3.555 GB
-
-
-HAND = {
-    "name": "hand",
-    "linears": {
-        "qkv": {"calls_per_step": 2, "tp": {"1": [96, 64], "2": [48, 64]}},
-        "down": {"calls_per_step": 2, "tp": {"1": [64, 128], "2": [64, 64]}, "dtype": "fp8"},
-        "head": {"calls_per_step": 1, "tp": {"1": [500, 64], "2": [250, 64]}},
-    },
-    "step": {
-        "about": "two handmade layers",
-        "tp": [1, 2],
-        "context": 10,
-        "other_weight_bytes": 1,
-        "layers": {
-            "layer": [
-                {"op": "add_rms_norm", "size": 64},
-                {"op": "linear", "linear": "qkv"},
-                {"op": "rotary", "size": {"1": 32, "2": 16}},
-                {"op": "attention", "kv_bytes_per_token": {"1": 40, "2": 20}},
-                {"op": "recurrent", "state_bytes": 1000},
-                {"op": "moe", "experts": 4, "top_k": 3, "expert_bytes": {"1": 7, "2": 5}},
-                {"op": "linear", "linear": "down"},
-                {"op": "all_reduce", "size": 64, "note": "placeholder"},
-            ]
-        },
-        "sequence": [
-            {"repeat": 2, "body": [{"layer": "layer"}]},
-            {"op": "silu_and_mul", "size": 8},
-            {"op": "linear", "linear": "head"},
-        ],
-    },
-}
 
 
 def test_builder_gives_the_ops_and_sizes_op_by_op():

@@ -272,3 +272,98 @@ def test_report_renders_the_committed_bench():
     text = bench.markdown(data)
     assert "52 cells" in text and "Decode step" in text and "Startup" in text
     assert abs(bench.geomean([2.0, 8.0]) - 4.0) < 1e-12
+
+
+def test_served_step_calls_put_the_ops_between_the_gemms():
+    """The served step's launch list is the built step op by op: each GEMM where the step has it, ops between."""
+    import torch
+    from helpers.fake_step import HAND_MODEL
+    from skinny_gemm.aot import measure as ms
+    from skinny_gemm.aot import steps
+
+    ops = steps.build(HAND_MODEL, 2, 2)
+    data = ms.step_data(ops, 2, torch.device("cpu"))
+    seen = []
+    data.calls = {i: (lambda op=op: seen.append(op.kind)) for i, op in enumerate(ops) if not op.is_gemm}
+    for call in ms.step_calls(data, lambda x, w, out, n, k: seen.append(("gemm", n, k))):
+        call()
+    assert seen == [("gemm", op.n, op.k) if op.is_gemm else op.kind for op in ops]
+    seen.clear()
+    for call in ms.step_calls(data, None):
+        call()
+    assert seen == [op.kind for op in ops if not op.is_gemm], "the ops alone: the same graph without projections"
+    seen.clear()
+    for call in ms.step_calls(data, lambda x, w, out, n, k: seen.append(("gemm", n, k)), with_ops=False):
+        call()
+    assert seen == [("gemm", op.n, op.k) for op in ops if op.is_gemm], "the bare chain"
+
+
+def test_served_stand_ins_read_their_bytes_on_cpu():
+    """Every stand-in runs (here on the CPU) and each read op reads a slice of exactly its rows of the arena."""
+    import torch
+    from helpers.fake_step import HAND_MODEL
+    from skinny_gemm.aot import measure as ms
+    from skinny_gemm.aot import steps
+
+    ops = steps.build(HAND_MODEL, 2, 4)
+    data = ms.step_data(ops, 4, torch.device("cpu"))
+    for call in ms.step_calls(data, lambda x, w, out, n, k: torch.mm(x, w.T, out=out)):
+        call()
+    x, w, out = data.gemms[1]
+    assert x.shape == (4, 64) and w.shape == (48, 64) and out.shape == (4, 48)
+
+
+def _fake_bench(monkeypatch, planned):
+    import skinny_gemm
+    from skinny_gemm.aot import measure as ms
+
+    def capture(calls):
+        for call in calls:  # run the stand-ins: they must work on any device
+            call()
+        return len(calls)
+
+    cost = {"ops": 10.0, "cublas+step": 30.0, "ours+step": 25.0, "cublas+bare": 20.0, "ours+bare": 10.0}
+    monkeypatch.setattr(ms, "capture", capture)
+    monkeypatch.setattr(ms, "time_graphs", lambda graphs, per, trials: {g: cost[g] for g in graphs})
+    monkeypatch.setattr(skinny_gemm, "planned_ms", lambda n, k: planned)
+    monkeypatch.setattr(skinny_gemm, "linear", lambda x, w: torch_mm(x, w))
+
+
+def torch_mm(x, w):
+    return x @ w.T
+
+
+def test_bench_served_reports_share_step_and_bare_and_no_plan(monkeypatch, tmp_path):
+    import torch
+    from helpers.fake_step import HAND_MODEL
+
+    _fake_bench(monkeypatch, (1,))
+    built = [(tp, m, bench.steps_build(HAND_MODEL, tp, m)) for tp in (1, 2) for m in (1, 8)]
+    rows = bench.bench_served(HAND_MODEL, built, trials=1, progress=False, device=torch.device("cpu"))
+    one = rows[0]
+    assert (one["tp"], one["m"], one["planned_gemms"], one["gemms"]) == (1, 1, 3, 3)
+    assert one["share_us"] == {"cublas": 20.0, "ours": 15.0}
+    assert one["speedup"] == {"step": {"ours": 1.2}, "share": {"ours": 20.0 / 15.0}, "bare": {"ours": 2.0}}
+    eight = rows[1]
+    assert eight["ours"] == "no plan" and "ours+step" not in eight["us"], "an M without plans is not timed as ours"
+    text = bench.markdown({"date": "d", "command": "c", "served": rows,
+                           "served_about": {"model": "hand", "file": "hand.json", "about": "two handmade layers"}})
+    assert "Served decode step: hand (hand.json)" in text and "Step: two handmade layers" in text
+    assert "| 1 | 8 | 0/3 |" in text and "no plan" in text and "1.33x" in text and "Bare chain" in text
+
+
+def test_bench_stops_on_a_bad_step_file_before_the_gpu(tmp_path, capsys):
+    from skinny_gemm.aot import cli
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"linears": {}, "step": {"about": "x", "tp": [1], "sequence": [{"op": "gemm"}]}}))
+    assert cli.main(["bench", "--sections", "decode", "--model", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{bad}: step.sequence[0]: unknown op 'gemm'" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_peer_folder_skips_the_peer_in_one_line(tmp_path, capsys):
+    assert bench.load_peer(tmp_path / "nothing") is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bench: peer section skipped: no peer artifacts in")
