@@ -272,3 +272,9 @@ def gemm_calls(ops: list[Op]) -> list[tuple[str, int, int]]:
 def to_json(ops: list[Op]) -> list:
     """A built step as data (cells.json): ["gemm", n, k] per GEMM, {"op", "size", "bytes"} per other op."""
     return [["gemm", op.n, op.k] if op.is_gemm else {"op": op.kind, "size": op.size, "bytes": op.bytes} for op in ops]
+
+
+def from_json(data: list) -> list[Op]:
+    """Inverse of `to_json` (the names are not kept)."""
+    return [Op("gemm", "", n=d[1], k=d[2]) if isinstance(d, list) else Op(d["op"], d["op"], size=d["size"], bytes=d["bytes"])
+            for d in data]

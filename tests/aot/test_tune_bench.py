@@ -367,3 +367,67 @@ def test_a_missing_peer_folder_skips_the_peer_in_one_line(tmp_path, capsys):
     assert bench.load_peer(tmp_path / "nothing") is None
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("bench: peer section skipped: no peer artifacts in")
+
+
+def test_no_pdl_twins_are_valid_new_configs():
+    from skinny_gemm.aot import decode_phase
+
+    cands = tune.candidates(4096, 4096, 1)
+    twins = decode_phase.no_pdl_twins(cands, 4096, 4096)
+    assert twins and not set(twins) & set(cands) and len(set(twins)) == len(twins)
+    for t in twins:
+        t.check(n=4096, k=4096)
+        assert not t.pdl and not t.early and not t.persist
+    assert any(c.persist for c in cands), "persistent candidates have twins too: the plain grid"
+    assert decode_phase.no_pdl_twins(twins, 4096, 4096) == [], "a twin is its own twin"
+
+
+def test_served_steps_hold_the_ops_between_the_gemms():
+    from skinny_gemm.aot import decode_phase, steps
+
+    path = steps.MODELS_DIR / "glm-5.3-flash.json"
+    served = decode_phase.served_steps("sm_90a", path, [1, 4])
+    assert [s["tp"] for s in served] == [4, 8]
+    for entry in served:
+        assert [tuple(c) for c in entry["calls"]] == plans.decode_steps("sm_90a", path)[entry["tp"]]
+        for m in ("1", "4"):
+            ops = entry["step"][m]
+            assert [op[1:] for op in ops if isinstance(op, list)] == entry["calls"]
+            assert len(ops) == 657 and not isinstance(ops[0], list), "the step starts with a norm, not a GEMM"
+        def moe(m, entry=entry):
+            return [op["bytes"] for op in entry["step"][m] if isinstance(op, dict) and op["op"] == "moe"]
+
+        assert moe("4")[-1] == 4 * moe("1")[-1], "4 tokens read 4 x 8 of the 128 experts"
+        # kda_f_b_proj follows kda_in_proj directly: the one place a GEMM precedes a GEMM in a KDA layer.
+        assert {(2048 if entry["tp"] == 4 else 1024, 128)} <= decode_phase.preceded_by_gemm(entry, 1)
+        assert (6416 if entry["tp"] == 4 else 3336, 4096) not in decode_phase.preceded_by_gemm(entry, 1)
+
+
+def test_decode_phase_offers_pdl_only_where_a_gemm_precedes(monkeypatch):
+    """In the served step a cell after a non-GEMM op is timed with no-PDL twins only; one after a GEMM with both."""
+    import torch
+    from skinny_gemm.aot import decode_phase
+    from skinny_gemm.kernels.config import KernelConfig
+
+    on = KernelConfig(m=1, kind="simt", threads=64, k_threads=32, cols=1, unroll=1)
+    fast_on = KernelConfig(m=1, kind="simt", threads=64, k_threads=16, cols=1, unroll=1)
+    off, fast_off = decode_phase.twin(on), decode_phase.twin(fast_on)
+
+    def cands():
+        return {c.name: {"config": c.to_json(), "bad_elements": 0, "us": us}
+                for c, us in ((fast_on, 4.0), (on, 5.0), (fast_off, 6.0), (off, 7.0))}
+
+    # PDL costs in the step unless the kernel before triggers; the cost function only sees names.
+    cost = {fast_on.name: 3.0, on.name: 3.5, fast_off.name: 2.0, off.name: 2.5}
+    lib = fake_step(monkeypatch, lambda names: sum(cost[n] for n in names))
+    rows = [{"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": cands()},
+            {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": cands()}]
+    step = {"tp": 4, "calls": [[64, 32], [32, 64]],
+            "step": {"1": [{"op": "rms_norm", "size": 8, "bytes": 16}, ["gemm", 64, 32], ["gemm", 32, 64],
+                           {"op": "moe", "size": 0, "bytes": 4096}]}}
+    decode_phase.decode_phase(lib, rows, [step], torch.device("cpu"), top=12, trials=1, progress=False)
+    after_op, after_gemm = rows[0]["decode"], rows[1]["decode"]
+    assert set(after_op["step_us"]) == {fast_off.name, off.name}, "after a norm: no PDL candidate is timed"
+    assert set(after_gemm["step_us"]) == {fast_on.name, on.name, fast_off.name, off.name}
+    assert after_op["chosen"] == fast_off.name and after_gemm["chosen"] == fast_off.name
+    assert lib.launched, "our kernels ran inside the served step's graph"
