@@ -149,7 +149,7 @@ def _peer_gemm(peer_lib, m: int, pdl: bool):
         if vid is None:
             torch.mm(x, w.T, out=out)
         else:
-            peer_lib.launch(vid, x.data_ptr(), w.data_ptr(), out.data_ptr(), n, k, torch.cuda.current_stream().cuda_stream)
+            peer_lib.launch(vid, x.data_ptr(), w.data_ptr(), out.data_ptr(), n, k)
 
     return gemm
 

@@ -319,8 +319,13 @@ class PeerLib:
         cell = self.cells.get((n, k, m))
         return None if cell is None else cell["variant_pdl" if pdl else "variant"]
 
-    def launch(self, vid: str, a, b, c, n: int, k: int, stream: int) -> None:
-        """C[m, n] = A[m, k] @ B[n, k]^T with variant ``vid`` on raw stream ``stream`` (pointers as ints)."""
+    def launch(self, vid: str, a: int, b: int, c: int, n: int, k: int, stream: int | None = None) -> None:
+        """C[m, n] = A[m, k] @ B[n, k]^T with variant ``vid`` (device pointers as ints) on raw stream ``stream``,
+        default torch's current stream."""
+        if stream is None:
+            import torch
+
+            stream = torch.cuda.current_stream().cuda_stream
         d, v = self.d, self.man["variants"][vid]
         cfg = PeerConfig(**v["config"])
         block = pack(v["params"], a, b, c, n, k, cfg.m)

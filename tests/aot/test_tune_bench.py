@@ -431,3 +431,38 @@ def test_decode_phase_offers_pdl_only_where_a_gemm_precedes(monkeypatch):
     assert set(after_gemm["step_us"]) == {fast_on.name, on.name, fast_off.name, off.name}
     assert after_op["chosen"] == fast_off.name and after_gemm["chosen"] == fast_off.name
     assert lib.launched, "our kernels ran inside the served step's graph"
+
+
+class FakePeer:
+    """A loaded peer that runs only (48, 64) and records its launches."""
+
+    version = "0.32.0"
+
+    def __init__(self):
+        self.launched = []
+
+    def variant_for(self, n, k, m, pdl):
+        return f"v{'_pdl' if pdl else ''}" if (n, k) == (48, 64) else None
+
+    def launch(self, vid, a, b, c, n, k):
+        self.launched.append((vid, n, k))
+
+
+def test_bench_served_runs_the_peer_pdl_off_and_on_where_it_has_a_variant(monkeypatch):
+    import torch
+    from helpers.fake_step import HAND_MODEL
+
+    _fake_bench(monkeypatch, (1,))
+    from skinny_gemm.aot import measure as ms
+
+    cost = {"ops": 10.0, "cublas+step": 30.0, "ours+step": 25.0, "cublas+bare": 20.0, "ours+bare": 10.0,
+            "peer+step": 28.0, "peer+bare": 18.0, "peer_pdl+step": 29.0, "peer_pdl+bare": 17.0}
+    monkeypatch.setattr(ms, "time_graphs", lambda graphs, per, trials: {g: cost[g] for g in graphs})
+    fake = FakePeer()
+    (row,) = bench.bench_served(HAND_MODEL, [(2, 1, bench.steps_build(HAND_MODEL, 2, 1))], trials=1, progress=False,
+                                peer_lib=fake, device=torch.device("cpu"))
+    # Two qkv calls per graph, in the step and the bare chain, PDL off then on; the head stays on cuBLAS.
+    assert fake.launched == [("v", 48, 64)] * 4 + [("v_pdl", 48, 64)] * 4
+    assert row["peer_gemms"] == 2 and row["speedup"]["share"]["peer"] == 20.0 / 18.0
+    text = bench.markdown({"date": "d", "command": "c", "served": [row], "served_about": {"peer_version": "0.32.0"}})
+    assert "peer share speedup (pdl off / on)" in text and "1.11x / 1.05x" in text
