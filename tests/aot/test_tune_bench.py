@@ -466,3 +466,30 @@ def test_bench_served_runs_the_peer_pdl_off_and_on_where_it_has_a_variant(monkey
     assert row["peer_gemms"] == 2 and row["speedup"]["share"]["peer"] == 20.0 / 18.0
     text = bench.markdown({"date": "d", "command": "c", "served": [row], "served_about": {"peer_version": "0.32.0"}})
     assert "peer share speedup (pdl off / on)" in text and "1.11x / 1.05x" in text
+
+
+def test_prepare_writes_the_served_step_and_the_no_pdl_twins(monkeypatch, tmp_path):
+    """`tune prepare` on the GLM model file: cells.json holds each TP's served step per M, candidates their twins."""
+    from skinny_gemm.aot import build, steps
+
+    compiled = {}
+
+    def fake_build(arch, configs, mapping, out_dir, plan_file, jobs=None):
+        compiled["configs"] = set(configs)
+
+    monkeypatch.setattr(build, "build_configs", fake_build)
+    monkeypatch.setattr(build, "main_summary", lambda result: "built")
+    model = steps.MODELS_DIR / "glm-5.3-flash.json"
+    line = tune.prepare("sm_90a", model, tmp_path, ms=[2])
+    spec = json.loads((tmp_path / tune.CELLS_FILE).read_text())
+    assert "no decode phase" not in line and [d["tp"] for d in spec["decode"]] == [4, 8]
+    assert set(spec["decode"][0]["step"]) == {"2"} and len(spec["decode"][0]["step"]["2"]) == 657
+    row = next(r for r in spec["cells"] if (r["n"], r["k"]) == (4096, 4096))
+    cands = [tune.KernelConfig.from_json(c) for c in row["candidates"]]
+    base = tune.candidates(4096, 4096, 2)
+    assert cands[: len(base)] == base and cands[len(base):] == tune.no_pdl_twins(base, 4096, 4096)
+    assert set(cands) <= compiled["configs"]
+    # Without twins, or for a model file without a step: the candidates alone.
+    tune.prepare("sm_90a", model, tmp_path / "plain", ms=[2], twins=False)
+    plain = json.loads((tmp_path / "plain" / tune.CELLS_FILE).read_text())
+    assert len(next(r for r in plain["cells"] if (r["n"], r["k"]) == (4096, 4096))["candidates"]) == len(base)
