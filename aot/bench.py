@@ -111,6 +111,7 @@ def bench_served(model: dict, built: list, trials: int, progress: bool, peer_lib
     import torch
     from tqdm import tqdm
 
+    from ..runtime import ops as rt_ops
     from . import measure as ms
 
     device = device or torch.device("cuda", torch.cuda.current_device())
@@ -120,6 +121,11 @@ def bench_served(model: dict, built: list, trials: int, progress: bool, peer_lib
         gemm_ops = [op for op in ops if op.is_gemm]
         planned = sum(1 for op in gemm_ops if m in skinny_gemm.planned_ms(op.n, op.k))
         data = ms.step_data(ops, m, device)
+        for i, op in enumerate(ops):
+            x, w, _ = data.gemms.get(i, (None, None, None))
+            if op.is_gemm and m in skinny_gemm.planned_ms(op.n, op.k) and rt_ops.plan(x, w) is None:
+                # A silent fallback would be published as kernel time.
+                raise SystemExit(f"bench: ({op.n}, {op.k}, {m}) is planned but would not dispatch; see `skinny-gemm env`")
         providers = {"cublas": lambda x, w, out, n, k: torch.mm(x, w.T, out=out)}
         if planned:
             providers["ours"] = lambda x, w, out, n, k: skinny_gemm.linear(x, w)

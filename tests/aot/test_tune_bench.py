@@ -327,6 +327,9 @@ def _fake_bench(monkeypatch, planned):
     monkeypatch.setattr(ms, "time_graphs", lambda graphs, per, trials: {g: cost[g] for g in graphs})
     monkeypatch.setattr(skinny_gemm, "planned_ms", lambda n, k: planned)
     monkeypatch.setattr(skinny_gemm, "linear", lambda x, w: torch_mm(x, w))
+    from skinny_gemm.runtime import ops
+
+    monkeypatch.setattr(ops, "plan", lambda x, w: "a plan")
 
 
 def torch_mm(x, w):
@@ -493,3 +496,15 @@ def test_prepare_writes_the_served_step_and_the_no_pdl_twins(monkeypatch, tmp_pa
     tune.prepare("sm_90a", model, tmp_path / "plain", ms=[2], twins=False)
     plain = json.loads((tmp_path / "plain" / tune.CELLS_FILE).read_text())
     assert len(next(r for r in plain["cells"] if (r["n"], r["k"]) == (4096, 4096))["candidates"]) == len(base)
+
+
+def test_bench_served_refuses_to_time_a_planned_cell_that_would_fall_back(monkeypatch):
+    import torch
+    from helpers.fake_step import HAND_MODEL
+    from skinny_gemm.runtime import ops
+
+    _fake_bench(monkeypatch, (1,))
+    monkeypatch.setattr(ops, "plan", lambda x, w: None)
+    with pytest.raises(SystemExit, match=r"\(96, 64, 1\) is planned but would not dispatch"):
+        bench.bench_served(HAND_MODEL, [(1, 1, bench.steps_build(HAND_MODEL, 1, 1))], trials=1, progress=False,
+                           device=torch.device("cpu"))
