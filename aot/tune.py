@@ -438,7 +438,9 @@ def add_arguments(p) -> None:
     sub.required = True
     pr = sub.add_parser("prepare", help="generate and compile candidates (CPU, needs nvidia-cutlass-dsl)")
     pr.add_argument("--arch", default="sm_90a")
-    pr.add_argument("--shapes", required=True, type=Path, help="the model's shapes file")
+    pr.add_argument("--shapes", required=True, type=Path,
+                    help="the model file (kernels/models/glm-5.3-flash.json): its seed set gives the cells, its "
+                    "served step (the 'step' key) the decode phase; a file without a step skips that phase")
     pr.add_argument("--out", required=True, type=Path, help="candidate directory to create")
     pr.add_argument("--jobs", type=int)
     pr.add_argument("--m", type=int, nargs="+", metavar="M",
