@@ -35,7 +35,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..kernels.config import MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
+from ..kernels.config import MAX_M, MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
 from ..runtime.manifest import dumps
 from .decode_phase import (  # noqa: F401 (decode_phase, family and the constants are re-exported)
     DECODE_PASSES,
@@ -49,6 +49,10 @@ from .decode_phase import (  # noqa: F401 (decode_phase, family and the constant
 
 MIN_SPEEDUP = 1.05
 CELLS_FILE = "cells.json"
+# vLLM's decode CUDA-graph sizes up to 16 (DESIGN.md: a batch is padded up to one of them); the ones
+# the kernels can run (config.py's MAX_M) may be tuned beyond a seed set's own token counts.
+VLLM_GRAPH_MS = (1, 2, 4, 8, 16)
+WIDE_MS = tuple(m for m in VLLM_GRAPH_MS if m <= MAX_M)
 
 
 # The mma kernel's pipelines, (cols, stages) at unroll 1: 4, 8 or 16 loads of 512 bytes
@@ -231,16 +235,24 @@ def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None, ms
             twins: bool = True) -> str:
     """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary line.
 
-    ``ms`` keeps only the cells of those token counts (the decode phase ranks each M on its own).
+    ``ms`` keeps only the cells of those token counts (the decode phase ranks each M on its own); a
+    vLLM CUDA-graph size the kernels can run (`WIDE_MS`) may be asked for beyond the seed set's own.
     """
     from . import plans
     from .build import build_configs, main_summary
 
     seed = plans.seed_shapes(arch, shapes_file)
-    unknown = sorted(set(ms or ()) - {c[2] for c in seed})
+    seed_ms = {c[2] for c in seed}
+    wide = sorted(set(ms or ()) & set(WIDE_MS) - seed_ms)
+    too_wide = sorted(m for m in set(ms or ()) - seed_ms if m in VLLM_GRAPH_MS and m > MAX_M)
+    if too_wide:
+        raise ValueError(f"M={too_wide} is beyond the kernels' MAX_M={MAX_M} (kernels/config.py): such steps stay on cuBLAS")
+    unknown = sorted(set(ms or ()) - seed_ms - set(wide))
     if unknown:
-        raise ValueError(f"M={unknown} is not in the {arch} seed set's token counts {sorted({c[2] for c in seed})}")
+        raise ValueError(f"M={unknown} is not in the {arch} seed set's token counts {sorted(seed_ms)}"
+                         f" nor a vLLM graph size the kernels run {list(WIDE_MS)}")
     cells = [c for c in seed if not ms or c[2] in ms]
+    cells += sorted({(n, k, m) for n, k, _ in seed for m in wide})
     # The decode phase runs in the model file's served step (aot/decode_phase.py), where PDL is a
     # per-entry choice: every candidate then also has its no-PDL twin.
     decode = served_steps(arch, shapes_file, sorted({c[2] for c in cells}))

@@ -81,6 +81,9 @@ def test_tune_cli_rejects_bad_requests_in_one_line(tmp_path, capsys):
     assert cli.main(["tune", "prepare", "--shapes", str(shapes), "--out", str(tmp_path / "c"), "--m", "5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "M=[5] is not in the sm_90a seed set" in err
+    assert cli.main(["tune", "prepare", "--shapes", str(shapes), "--out", str(tmp_path / "c"), "--m", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "M=[16] is beyond the kernels' MAX_M=8" in err
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"arch": "sm_90a", "gpu": "g", "date": "d", "method": "m", "cells": []}))
     assert cli.main(["tune", "write", str(empty)]) == 2
@@ -508,3 +511,16 @@ def test_bench_served_refuses_to_time_a_planned_cell_that_would_fall_back(monkey
     with pytest.raises(SystemExit, match=r"\(96, 64, 1\) is planned but would not dispatch"):
         bench.bench_served(HAND_MODEL, [(1, 1, bench.steps_build(HAND_MODEL, 1, 1))], trials=1, progress=False,
                            device=torch.device("cpu"))
+
+
+def test_prepare_tunes_m8_beyond_the_seed_sets_token_counts(monkeypatch, tmp_path):
+    """M=8 (a vLLM graph size the kernels run) on the seed set's shapes, with its served step."""
+    from skinny_gemm.aot import build, steps
+
+    monkeypatch.setattr(build, "build_configs", lambda arch, configs, *a, **kw: None)
+    monkeypatch.setattr(build, "main_summary", lambda result: "built")
+    tune.prepare("sm_90a", steps.MODELS_DIR / "glm-5.3-flash.json", tmp_path, ms=[4, 8], twins=False)
+    spec = json.loads((tmp_path / tune.CELLS_FILE).read_text())
+    assert {r["m"] for r in spec["cells"]} == {4, 8} and len(spec["cells"]) == 26
+    assert set(spec["decode"][0]["step"]) == {"4", "8"}
+    assert all(r["candidates"] for r in spec["cells"])
