@@ -13,7 +13,8 @@ A step is a layer template with repeats, not a written-out list of calls::
 
 An OP is ``{"op": KIND, ...fields}``; a field value is an int or, where it depends on
 the TP size, ``{"<tp>": int, ...}`` with every TP of the step. Kinds and fields
-(sizes are elements per token of one rank, bytes are per sequence of one rank):
+(all for one rank: sizes in elements per token, kv_bytes_per_token and state_bytes
+per sequence, expert_bytes per expert):
 
   linear        linear: a key of the model's ``linears``; a GEMM of its per-rank (N, K) shape when the
                 linear is one of the BF16 GEMMs (seed set or dtype bf16), else a weight read of
