@@ -112,11 +112,13 @@ def entry_choices(row: dict, top: int, pdl_useful: bool) -> list[str]:
     return names
 
 
-def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, progress: bool, passes: int = 1) -> None:
+def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, progress: bool, passes: int = 1,
+                 read_cap: int | None = None) -> None:
     """Re-rank each cell's candidates (`entry_choices`) inside whole served steps; adds row["decode"] in place.
 
     A later pass re-times every cell with all the others on their previous-pass choice
     (the first pass sees the cells after it still on their isolated pick); the last pass decides.
+    ``read_cap`` shortens the step's read stand-ins (measure.step_data); None keeps the served step's bytes.
     """
     import torch
     from tqdm import tqdm
@@ -149,7 +151,7 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
                 work.setdefault(m, []).append((n, k, names))
     bar = tqdm(total=passes * sum(len(v) for v in work.values()), desc="decode", unit="cell", disable=not progress)
     for m, group in work.items():
-        bufs = {step["tp"]: _step_data(step, m, device) for step in steps}
+        bufs = {step["tp"]: _step_data(step, m, device, read_cap) for step in steps}
         for n, k, names in [cell for _ in range(passes) for cell in group]:
             tps = [tp for tp, data in bufs.items() if any((op.n, op.k) == (n, k) for op in data.ops if op.is_gemm)]
             per = _time_steps(lib, bufs, m, {name: {**choice, (n, k, m): name} for name in names}, tps, trials)
@@ -167,14 +169,14 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
     bar.close()
 
 
-def _step_data(step: dict, m: int, device):
+def _step_data(step: dict, m: int, device, read_cap: int | None = None):
     """Buffers of one TP's step at ``m``: the served step if the entry has one, else its calls back to back."""
     from . import measure as ms
     from . import steps
 
     ops_json = step.get("step", {}).get(str(m))
     ops = steps.from_json(ops_json) if ops_json is not None else [steps.Op("gemm", "", n=n, k=k) for n, k in step["calls"]]
-    return ms.step_data(ops, m, device)
+    return ms.step_data(ops, m, device, read_cap)
 
 
 def _time_steps(lib, bufs: dict, m: int, picks: dict, tps: list, trials: int) -> dict:

@@ -8,6 +8,7 @@ process, in a rotating order, and the median over trials is kept.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 
@@ -150,11 +151,17 @@ class StepData:
     calls: dict  # op index -> zero-argument callable (non-GEMM ops)
 
 
-def step_data(ops, m: int, device) -> StepData:
-    """Buffers and op stand-ins for a built step: distinct random weights per GEMM call, one read arena."""
+def step_data(ops, m: int, device, read_cap: int | None = None) -> StepData:
+    """Buffers and op stand-ins for a built step: distinct random weights per GEMM call, one read arena.
+
+    ``read_cap`` (bytes) shortens every read stand-in to at most that much: the ops between the GEMMs
+    stay (none triggers PDL), their HBM time shrinks, and with it the noise a step-level choice sees.
+    """
     import torch.nn.functional as F
 
     gemms, calls = {}, {}
+    if read_cap is not None:
+        ops = [dataclasses.replace(op, bytes=min(op.bytes, read_cap)) if _reads(op) else op for op in ops]
     read_total = sum(-(-op.bytes // (2 * READ_ROW)) * 2 * READ_ROW for op in ops if _reads(op))
     arena = torch.zeros(max(1, min(read_total, READ_ARENA_BYTES) // 2), device=device, dtype=torch.bfloat16)
     acc = torch.empty(READ_ROW, device=device, dtype=torch.bfloat16)

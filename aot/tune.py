@@ -277,6 +277,7 @@ def measure(
     progress: bool = True,
     decode_top: int = DECODE_TOP,
     decode_passes: int = DECODE_PASSES,
+    read_cap_mb: int | None = None,
 ) -> dict:
     """On the GPU: check and time every candidate of every cell against cuBLAS; write and return the results."""
     import torch
@@ -323,7 +324,8 @@ def measure(
     bar.close()
     in_step = decode_top > 1 and bool(spec.get("decode"))
     if in_step:
-        decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress, decode_passes)
+        decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress, decode_passes,
+                     None if read_cap_mb is None else read_cap_mb << 20)
     data = {
         "arch": arch,
         "gpu": gpu,
@@ -341,6 +343,7 @@ def measure(
             f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen; "
             f"{decode_passes} pass(es) over the cells, the last decides; then each kernel family holding two or "
             "more cells is swapped out whole for their best other candidates, kept if the steps get 1% faster"
+            + (f"; the step's read stand-ins capped at {read_cap_mb} MB each" if read_cap_mb is not None else "")
         )
     results.write_text(dumps(data))
     return data
@@ -470,6 +473,9 @@ def add_arguments(p) -> None:
     me.add_argument("--decode-passes", type=_at_least_one, default=DECODE_PASSES, metavar="N",
                     help=f"passes of that phase over the cells; each pass re-times every cell with the others on "
                     f"their latest choice, the last pass decides (default {DECODE_PASSES})")
+    me.add_argument("--decode-read-cap", type=_at_least_one, metavar="MB",
+                    help="cap each read stand-in of the served step (attention, KDA, MoE, FP8 weights) at MB "
+                    "megabytes: the ops stay between the GEMMs, their time and noise shrink (default: the step's bytes)")
     wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
     wr.add_argument("results", type=Path, nargs="+",
                     help="results of `tune measure`; with several, a later file's cells replace an earlier one's")
@@ -492,7 +498,7 @@ def main(args) -> int:
             print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m, args.twins))
         elif args.phase == "measure":
             data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top,
-                           decode_passes=args.decode_passes)
+                           decode_passes=args.decode_passes, read_cap_mb=args.decode_read_cap)
             print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")
         else:
             path, planned, skipped = write_plan(args.results, args.min_speedup)

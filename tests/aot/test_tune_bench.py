@@ -524,3 +524,17 @@ def test_prepare_tunes_m8_beyond_the_seed_sets_token_counts(monkeypatch, tmp_pat
     assert {r["m"] for r in spec["cells"]} == {4, 8} and len(spec["cells"]) == 26
     assert set(spec["decode"][0]["step"]) == {"4", "8"}
     assert all(r["candidates"] for r in spec["cells"])
+
+
+def test_a_read_cap_shortens_the_stand_ins_only():
+    import torch
+    from helpers.fake_step import HAND_MODEL
+    from skinny_gemm.aot import measure as ms
+    from skinny_gemm.aot import steps
+
+    ops = steps.build(HAND_MODEL, 1, 16)
+    full, capped = ms.step_data(ops, 16, torch.device("cpu")), ms.step_data(ops, 16, torch.device("cpu"), read_cap=4096)
+    assert [op.kind for op in capped.ops] == [op.kind for op in ops], "every op stays, in order"
+    assert [op.bytes for op in capped.ops if op.kind == "attention"] == [4096, 4096]
+    assert [op.bytes for op in full.ops if op.kind == "attention"] == [16 * 10 * 40] * 2
+    assert [op.bytes for op in capped.ops if op.kind == "add_rms_norm"] == [op.bytes for op in ops if op.kind == "add_rms_norm"]
