@@ -483,6 +483,14 @@ def main(args) -> int:
         data["entries"] = bench_entries(args.trials, not args.quiet)
     if "decode" in sections:
         peer_lib = load_peer(args.peer) if args.peer else None
+        if peer_lib is not None:
+            from . import peer
+
+            cells = [(op.n, op.k, m) for _, m, ops in built for op in ops if op.is_gemm]
+            wrong = peer.check(peer_lib, cells, torch.device("cuda", torch.cuda.current_device()))
+            if wrong:  # a wrong kernel's time is no peer figure
+                print(f"bench: peer section skipped: wrong result: {wrong}", file=sys.stderr)
+                peer_lib = None
         data["served_about"] = {"model": model.get("name"), "file": str(steps.model_path(args.shapes or args.model).name),
                                 "about": model["step"]["about"], "context": model["step"].get("context"),
                                 **({"peer_version": peer_lib.version, "peer_file": peer_lib.man["file"],

@@ -350,3 +350,26 @@ class PeerLib:
             err = d.cuLaunchKernel(fn, grid, 1, 1, cfg.bs, 1, 1, cfg.smem(), stream, ctypes.addressof(argv), 0)[0]
         if int(err) != 0:
             raise PeerError(f"launch of {vid}: {getattr(err, 'name', err)}")
+
+
+def check(lib, cells, device, k_override: int | None = None) -> str | None:
+    """Launch every peer variant the cells use (PDL off and on) once on fresh random inputs against the
+    float64 reference, outputs poisoned; the first wrong one as a line, or None. ``k_override`` passes a
+    wrong K (the negative control of the GPU test)."""
+    import torch
+
+    from . import measure as ms
+
+    for n, k, m in sorted(set(cells)):
+        for pdl in (False, True):
+            vid = lib.variant_for(n, k, m, pdl)
+            if vid is None:
+                continue
+            x, w, _ = ms.random_case(m, n, k, device)
+            y = torch.full((m, n), float("nan"), device=device, dtype=torch.bfloat16)
+            lib.launch(vid, x.data_ptr(), w.data_ptr(), y.data_ptr(), n, k_override or k)
+            torch.cuda.synchronize(device)
+            bad = ms.check_bf16_result(y, x, w)
+            if bad:
+                return f"{vid} at (n={n}, k={k}, m={m}): {bad} of {m * n} outputs wrong"
+    return None
