@@ -8,6 +8,7 @@ process, in a rotating order, and the median over trials is kept.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 
@@ -131,3 +132,83 @@ def random_case(m, n, k, device, scale=1.0, residual=False, generator=None, dtyp
     w = random_tensor((n, k), device, 0.05, generator=generator, dtype=dtype)
     r = random_tensor((m, n), device, scale, generator=generator, dtype=dtype) if residual else None
     return x, w, r
+
+
+# The served step's stand-ins (aot/steps.py) read slices of one arena, handed out in order and
+# wrapped at this size: a slice is read again only after gigabytes of other traffic, far more
+# than the H200's 60 MB L2, so every stand-in reads HBM as its real counterpart would.
+READ_ARENA_BYTES = 8 << 30
+READ_ROW = 2048  # bf16 elements per row of a read slice (4 KB)
+
+
+@dataclass
+class StepData:
+    """Device buffers of one built step at one M: per GEMM (x, w, out), per op a launch callable."""
+
+    ops: list
+    m: int
+    gemms: dict  # op index -> (x, w, out)
+    calls: dict  # op index -> zero-argument callable (non-GEMM ops)
+
+
+def step_data(ops, m: int, device, read_cap: int | None = None) -> StepData:
+    """Buffers and op stand-ins for a built step: distinct random weights per GEMM call, one read arena.
+
+    ``read_cap`` (bytes) shortens every read stand-in to at most that much: the ops between the GEMMs
+    stay (none triggers PDL), their HBM time shrinks, and with it the noise a step-level choice sees.
+    """
+    import torch.nn.functional as F
+
+    gemms, calls = {}, {}
+    if read_cap is not None:
+        ops = [dataclasses.replace(op, bytes=min(op.bytes, read_cap)) if _reads(op) else op for op in ops]
+    read_total = sum(-(-op.bytes // (2 * READ_ROW)) * 2 * READ_ROW for op in ops if _reads(op))
+    arena = torch.zeros(max(1, min(read_total, READ_ARENA_BYTES) // 2), device=device, dtype=torch.bfloat16)
+    acc = torch.empty(READ_ROW, device=device, dtype=torch.bfloat16)
+    offset = 0
+    for i, op in enumerate(ops):
+        if op.is_gemm:
+            w = (torch.randn(op.n, op.k, device=device) * 0.05).to(torch.bfloat16)
+            x = torch.randn(m, op.k, device=device).to(torch.bfloat16)
+            gemms[i] = (x, w, torch.empty(m, op.n, device=device, dtype=torch.bfloat16))
+        elif _reads(op):
+            rows = -(-op.bytes // (2 * READ_ROW))
+            if offset + rows * READ_ROW > arena.numel():
+                offset = 0
+            view = arena[offset : offset + rows * READ_ROW].view(rows, READ_ROW) if rows * READ_ROW <= arena.numel() \
+                else torch.zeros(rows, READ_ROW, device=device, dtype=torch.bfloat16)
+            offset += rows * READ_ROW
+            calls[i] = (lambda v=view: torch.sum(v, dim=0, out=acc))
+        elif op.kind == "silu_and_mul":
+            src = torch.randn(m, 2 * op.size, device=device).to(torch.bfloat16)
+            dst = torch.empty(m, op.size, device=device, dtype=torch.bfloat16)
+            calls[i] = (lambda s=src, d=dst, h=op.size: torch.mul(F.silu(s[:, :h]), s[:, h:], out=d))
+        else:
+            h = torch.randn(m, op.size, device=device).to(torch.bfloat16)
+            g = torch.ones(op.size, device=device, dtype=torch.bfloat16)
+            if op.kind == "rms_norm":
+                calls[i] = (lambda h=h, g=g: F.rms_norm(h, (h.shape[1],), g))
+            elif op.kind == "add_rms_norm":
+                r = torch.randn(m, op.size, device=device).to(torch.bfloat16)
+                calls[i] = (lambda h=h, g=g, r=r: F.rms_norm(h.add_(r), (h.shape[1],), g))
+            else:  # rotary: one elementwise pass over q and k of the rank
+                calls[i] = (lambda h=h: h.mul_(0.9999))
+    return StepData(ops, m, gemms, calls)
+
+
+def _reads(op) -> bool:
+    """Stand-ins that only read bytes: attention, recurrent, moe, another dtype's weight, the all-reduce placeholder."""
+    return op.kind in ("attention", "recurrent", "moe", "weight_read", "all_reduce")
+
+
+def step_calls(data: StepData, gemm=None, with_ops: bool = True) -> list:
+    """The launch callables of a step in order: ``gemm(x, w, out, n, k)`` per GEMM (None: no GEMMs), the stand-ins."""
+    calls = []
+    for i, op in enumerate(data.ops):
+        if op.is_gemm:
+            if gemm is not None:
+                x, w, out = data.gemms[i]
+                calls.append(lambda x=x, w=w, out=out, n=op.n, k=op.k: gemm(x, w, out, n, k))
+        elif with_ops:
+            calls.append(data.calls[i])
+    return calls

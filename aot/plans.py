@@ -19,39 +19,32 @@ HEURISTIC_RULE = (
 )
 
 
-# sm_90a seed set (DESIGN.md): the FP8 checkpoint keeps these linears in BF16.
-KDA_LAYER = ("kda_in_proj", "kda_f_b_proj", "kda_g_b_proj", "kda_o_proj")
-MLA_LAYER = ("mla_fused_qkv_a", "mla_q_b_proj", "indexer_wq_b", "indexer_wk", "mla_o_proj")
+def decode_order(model: dict, tp: int, arch: str = "sm_90a") -> list[tuple[str, int, int]]:
+    """The BF16 GEMMs of one decode step in layer order: (linear, n, k) per call.
 
-
-def decode_order(shapes: dict, tp: int) -> list[tuple[str, int, int]]:
-    """The BF16 GEMMs of one decode step in layer order: (name, n, k) per call.
-
-    34 KDA and 11 MLA layers; the exact interleave is not in the shapes file, so
-    MLA layers are spread evenly (one after every three KDA layers), then the LM head.
+    The order is the model file's ``step`` (aot/steps.py); the GEMMs are the arch's seed-set
+    linears where the model has that seed set, else its BF16 linears.
     """
-    lin = shapes["linears"]
-    kda, mla = lin["kda_in_proj"]["calls_per_step"], lin["mla_fused_qkv_a"]["calls_per_step"]
-    order, k_left, m_left = [], kda, mla
-    while k_left or m_left:
-        for _ in range(min(3, k_left)):
-            order += [(name, *lin[name]["tp"][str(tp)]) for name in KDA_LAYER]
-            k_left -= 1
-        if m_left:
-            order += [(name, *lin[name]["tp"][str(tp)]) for name in MLA_LAYER]
-            m_left -= 1
-    order.append(("lm_head", *lin["lm_head"]["tp"][str(tp)]))
-    return order
+    from . import steps
+
+    steps.validate(model, model.get("name", "model"))
+    return steps.gemm_calls(steps.build(model, tp, 1, arch=arch))
 
 
 def decode_steps(arch: str, shapes_file: Path) -> dict[int, list[tuple[int, int]]]:
-    """Per TP of an arch's seed set, the (n, k) of every GEMM of one decode step; {} if the set has other linears."""
+    """Per TP of an arch's seed set, the (n, k) of every GEMM of one decode step; {} if the model file has
+    no step or the step is not stated for every TP of the seed set."""
+    from . import steps
+
     data = json.loads(Path(shapes_file).read_text())
     seed = data["seed_plan_sets"][arch]
-    if not set(seed["linears"]) <= {*KDA_LAYER, *MLA_LAYER, "lm_head"}:
-        return {}
     tps = seed["tp"] if isinstance(seed["tp"], list) else [seed["tp"]]
-    return {tp: [(n, k) for _, n, k in decode_order(data, tp)] for tp in tps}
+    if "step" not in data:
+        return {}
+    steps.validate(data, Path(shapes_file).name)
+    if not set(tps) <= set(data["step"]["tp"]):
+        return {}
+    return {tp: [(n, k) for _, n, k in decode_order(data, tp, arch)] for tp in tps}
 
 
 class PlanError(ValueError):

@@ -1,17 +1,20 @@
 """Tune plan tables: prepare candidates on the CPU machine, measure them on the GPU, write the plan table.
 
-  skinny-gemm tune prepare --arch sm_90a --shapes glm53-flash-shapes.json --out DIR   (CPU, compiles)
+  skinny-gemm tune prepare --arch sm_90a --shapes kernels/models/glm-5.3-flash.json --out DIR   (CPU, compiles)
   skinny-gemm tune measure DIR --results results.json                             (GPU, no compiler)
   skinny-gemm tune write results.json                                             (CPU, writes kernels/plans/<arch>.json)
 
 `prepare` generates candidate configs per (n, k, m) cell and compiles them with
-the normal build (one manifest, no plans); `measure` checks every candidate
-against a float64 reference and times it against cuBLAS with the cold-L2
-graph method (aot/measure.py), each cell in a chain of its own shape; then,
-where the seed set is one model's decode step, it re-ranks each cell's
-fastest winners inside that step (one CUDA graph of the whole step per TP,
-the other cells on their current choice, passes in order of each shape's
-share of the step, then each kernel family swapped out whole). `write`
+the normal build (one manifest, no plans); where the model file has a served
+step (its "step" key) for the arch's seed set, every candidate also gets its
+no-PDL twin, and the served step of each TP at each M goes into cells.json.
+`measure` checks every candidate against a float64 reference and times it
+against cuBLAS with the cold-L2 graph method (aot/measure.py), each cell in a
+chain of its own shape; then it re-ranks each cell's fastest winners inside
+the served step (aot/decode_phase.py: one CUDA graph of the whole step per TP,
+the ops between the projections included, the other cells on their current
+choice, passes in order of each shape's share of the step, then each kernel
+family swapped out whole; PDL is one of the choices per entry). `write`
 keeps, per cell, the decode-step choice or else the fastest correct
 candidate, if it beats cuBLAS by at least 5%, with measured provenance.
 Cells that do not win stay on cuBLAS.
@@ -32,19 +35,24 @@ import json
 import sys
 from pathlib import Path
 
-from ..kernels.config import MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
+from ..kernels.config import MAX_M, MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
 from ..runtime.manifest import dumps
+from .decode_phase import (  # noqa: F401 (decode_phase, family and the constants are re-exported)
+    DECODE_PASSES,
+    DECODE_TOP,
+    FAMILY_MARGIN,
+    decode_phase,
+    family,
+    no_pdl_twins,
+    served_steps,
+)
 
 MIN_SPEEDUP = 1.05
 CELLS_FILE = "cells.json"
-# Per cell, how many of the fastest isolated winners are re-timed inside the decode step.
-DECODE_TOP = 12
-# Passes over the cells in that phase: the second re-times each cell with every other cell
-# on its first-pass choice (costs as much GPU time again as the first, ~20 s on the H200).
-DECODE_PASSES = 2
-# A family swap must make the steps this much faster: its first H200 run (M=2) swapped three
-# cells for 0.3 us in 1810, inside the noise, where the effect it exists for was 50 us in 750.
-FAMILY_MARGIN = 0.01
+# vLLM's decode CUDA-graph sizes up to 16 (DESIGN.md: a batch is padded up to one of them); the ones
+# the kernels can run (config.py's MAX_M) may be tuned beyond a seed set's own token counts.
+VLLM_GRAPH_MS = (1, 2, 4, 8, 16)
+WIDE_MS = tuple(m for m in VLLM_GRAPH_MS if m <= MAX_M)
 
 
 # The mma kernel's pipelines, (cols, stages) at unroll 1: 4, 8 or 16 loads of 512 bytes
@@ -223,30 +231,43 @@ def _valid(cfg: KernelConfig, n: int, k: int) -> bool:
     return True
 
 
-def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None, ms: list[int] | None = None) -> str:
+def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None, ms: list[int] | None = None,
+            twins: bool = True) -> str:
     """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary line.
 
-    ``ms`` keeps only the cells of those token counts (the decode phase ranks each M on its own).
+    ``ms`` keeps only the cells of those token counts (the decode phase ranks each M on its own); a
+    vLLM CUDA-graph size the kernels can run (`WIDE_MS`) may be asked for beyond the seed set's own.
     """
     from . import plans
     from .build import build_configs, main_summary
 
     seed = plans.seed_shapes(arch, shapes_file)
-    unknown = sorted(set(ms or ()) - {c[2] for c in seed})
+    seed_ms = {c[2] for c in seed}
+    wide = sorted(set(ms or ()) & set(WIDE_MS) - seed_ms)
+    too_wide = sorted(m for m in set(ms or ()) - seed_ms if m in VLLM_GRAPH_MS and m > MAX_M)
+    if too_wide:
+        raise ValueError(f"M={too_wide} is beyond the kernels' MAX_M={MAX_M} (kernels/config.py): such steps stay on cuBLAS")
+    unknown = sorted(set(ms or ()) - seed_ms - set(wide))
     if unknown:
-        raise ValueError(f"M={unknown} is not in the {arch} seed set's token counts {sorted({c[2] for c in seed})}")
+        raise ValueError(f"M={unknown} is not in the {arch} seed set's token counts {sorted(seed_ms)}"
+                         f" nor a vLLM graph size the kernels run {list(WIDE_MS)}")
     cells = [c for c in seed if not ms or c[2] in ms]
-    steps = plans.decode_steps(arch, shapes_file)
+    cells += sorted({(n, k, m) for n, k, _ in seed for m in wide})
+    # The decode phase runs in the model file's served step (aot/decode_phase.py), where PDL is a
+    # per-entry choice: every candidate then also has its no-PDL twin.
+    decode = served_steps(arch, shapes_file, sorted({c[2] for c in cells}))
     rows, configs = [], set()
     for n, k, m in cells:
         cands = candidates(n, k, m)
+        if decode and twins:
+            cands = cands + no_pdl_twins(cands, n, k)
         rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
         configs.update(cands)
     out.mkdir(parents=True, exist_ok=True)
-    decode = [{"tp": tp, "calls": [list(c) for c in calls]} for tp, calls in sorted(steps.items())]
     (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows, "decode": decode}))
     result = build_configs(arch, configs, [], out / arch, out / CELLS_FILE, jobs=jobs)
-    return f"{len(rows)} cells, {sum(len(r['candidates']) for r in rows)} timings; " + main_summary(result)
+    note = "" if decode else f"; no decode phase ({Path(shapes_file).name} has no served step for the {arch} set)"
+    return f"{len(rows)} cells, {sum(len(r['candidates']) for r in rows)} timings; " + main_summary(result) + note
 
 
 def measure(
@@ -256,6 +277,7 @@ def measure(
     progress: bool = True,
     decode_top: int = DECODE_TOP,
     decode_passes: int = DECODE_PASSES,
+    read_cap_mb: int | None = None,
 ) -> dict:
     """On the GPU: check and time every candidate of every cell against cuBLAS; write and return the results."""
     import torch
@@ -302,7 +324,8 @@ def measure(
     bar.close()
     in_step = decode_top > 1 and bool(spec.get("decode"))
     if in_step:
-        decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress, decode_passes)
+        decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress, decode_passes,
+                     None if read_cap_mb is None else read_cap_mb << 20)
     data = {
         "arch": arch,
         "gpu": gpu,
@@ -313,11 +336,14 @@ def measure(
     }
     if in_step:
         data["decode_method"] = (
-            f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) timed inside one CUDA graph "
-            "of the whole decode step per TP (other cells on their current choice), interleaved, median of "
+            f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) and their no-PDL twins "
+            "(only the twins where no GEMM precedes the cell in the step) timed inside one CUDA graph of the "
+            "whole served decode step per TP (the model file's step: projections with the ops between them; "
+            "other cells on their current choice), interleaved, median of "
             f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen; "
             f"{decode_passes} pass(es) over the cells, the last decides; then each kernel family holding two or "
             "more cells is swapped out whole for their best other candidates, kept if the steps get 1% faster"
+            + (f"; the step's read stand-ins capped at {read_cap_mb} MB each" if read_cap_mb is not None else "")
         )
     results.write_text(dumps(data))
     return data
@@ -327,114 +353,6 @@ def isolated_winners(row: dict, min_speedup: float = MIN_SPEEDUP) -> list[str]:
     """A cell's correct candidates that beat cuBLAS by ``min_speedup`` in its own chain, fastest first."""
     timed = [(c["us"], name) for name, c in row["candidates"].items() if c["bad_elements"] == 0 and c["us"]]
     return [name for us, name in sorted(timed) if row["cublas_us"] / us >= min_speedup]
-
-
-def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, progress: bool, passes: int = 1) -> None:
-    """Re-rank each cell's ``top`` isolated winners inside whole decode steps; adds row["decode"] in place.
-
-    A later pass re-times every cell with all the others on their previous-pass choice
-    (the first pass sees the cells after it still on their isolated pick); the last pass decides.
-    """
-    import torch
-    from tqdm import tqdm
-
-    from . import measure as ms
-
-    cells = {(r["n"], r["k"], r["m"]): r for r in rows}
-    choice = {key: (isolated_winners(r) or [None])[0] for key, r in cells.items()}
-    work: dict = {}  # m -> [(n, k, names)], the biggest share of the steps first
-    for m in sorted({key[2] for key in cells}):
-        # A shape's share of the steps (calls x its cuBLAS time, a proxy for bytes) sets the order:
-        # the big terms settle first.
-        share: dict = {}
-        for step in steps:
-            for n, k in step["calls"]:
-                row = cells.get((n, k, m))
-                if row is not None:
-                    share[(n, k)] = share.get((n, k), 0.0) + row["cublas_us"]
-        for n, k in sorted(share, key=lambda s: -share[s]):
-            names = isolated_winners(cells[(n, k, m)])[:top]
-            if len(names) > 1:
-                work.setdefault(m, []).append((n, k, names))
-    bar = tqdm(total=passes * sum(len(v) for v in work.values()), desc="decode", unit="cell", disable=not progress)
-    for m, group in work.items():
-        bufs = {
-            step["tp"]: [
-                (x, w, torch.empty(m, n, device=device, dtype=torch.bfloat16), n, k)
-                for n, k in step["calls"]
-                for x, w in [(ms.random_tensor((m, k), device), ms.random_tensor((n, k), device, 0.05))]
-            ]
-            for step in steps
-        }
-        for n, k, names in [cell for _ in range(passes) for cell in group]:
-            tps = [tp for tp, calls in bufs.items() if any((cn, ck) == (n, k) for *_, cn, ck in calls)]
-            per = _time_steps(lib, bufs, m, {name: {**choice, (n, k, m): name} for name in names}, tps, trials)
-            best = min(names, key=lambda nm: sum(per[nm].values()))
-            choice[(n, k, m)] = best
-            cells[(n, k, m)]["decode"] = {
-                "chosen": best,
-                "step_us": {name: {str(tp): us for tp, us in v.items()} for name, v in per.items()},
-            }
-            bar.update(1)
-        _family_check(lib, bufs, m, group, cells, choice, trials)
-        del bufs
-        torch.cuda.empty_cache()
-    bar.close()
-
-
-def _time_steps(lib, bufs: dict, m: int, picks: dict, tps: list, trials: int) -> dict:
-    """Whole-step time per TP for each named choice set ({label: {(n, k, m): variant}}), timed interleaved."""
-    from . import measure as ms
-
-    graphs = {
-        (label, tp): ms.capture([
-            _launch(lib, pick[(cn, ck, m)], x, w, out, cn, ck) if pick.get((cn, ck, m)) else _mm(x, w, out)
-            for x, w, out, cn, ck in bufs[tp]
-        ])
-        for label, pick in picks.items()
-        for tp in tps
-    }
-    times = ms.time_graphs({str(key): g for key, g in graphs.items()}, {str(key): 1 for key in graphs}, trials)
-    return {label: {tp: times[str((label, tp))] for tp in tps} for label in picks}
-
-
-def family(config: dict) -> str:
-    """A candidate's kernel family for the decode phase's last check: its kind, and split or persist if set."""
-    extra = "+split" if config.get("split", 1) > 1 else "+persist" if config.get("persist", 0) else ""
-    return f"{config.get('kind', '?')}{extra}"
-
-
-def _family_check(lib, bufs: dict, m: int, group: list, cells: dict, choice: dict, trials: int) -> None:
-    """Swap each kernel family holding two or more cells out whole, keeping the swap if the steps get 1% faster.
-
-    The passes change one cell at a time, so a cost that only goes away when every
-    cell of a family leaves it survives them: in v9 any bulk cell slowed the whole TP8
-    step by ~50 us, and two bulk cells kept each other in the plan (docs/perf.md v9).
-    Each cell's replacement is its fastest other-family candidate of its last pass.
-    """
-    def fam(key, name):
-        return family(cells[key]["candidates"][name]["config"])
-
-    keys = [(n, k, m) for n, k, _ in group]
-    for fam_name in sorted({fam(key, choice[key]) for key in keys}):
-        members = [key for key in keys if fam(key, choice[key]) == fam_name]
-        if len(members) < 2:
-            continue
-        swap = {}
-        for key in members:
-            others = {nm: sum(v.values()) for nm, v in cells[key]["decode"]["step_us"].items() if fam(key, nm) != fam_name}
-            if others:
-                swap[key] = min(others, key=others.get)
-        if not swap:
-            continue
-        tps = sorted({tp for tp, calls in bufs.items() for *_, cn, ck in calls for key in swap if (cn, ck) == key[:2]})
-        per = _time_steps(lib, bufs, m, {"kept": dict(choice), "swapped": {**choice, **swap}}, tps, trials)
-        swapped = sum(per["swapped"].values()) < (1 - FAMILY_MARGIN) * sum(per["kept"].values())
-        record = {"family": fam_name, "swapped": swapped, "step_us": {lb: {str(tp): us for tp, us in v.items()} for lb, v in per.items()}}
-        for key in swap:
-            cells[key]["decode"]["family_check"] = record
-            if swapped:
-                choice[key] = cells[key]["decode"]["chosen"] = swap[key]
 
 
 def _mm(x, w, out):
@@ -535,11 +453,16 @@ def add_arguments(p) -> None:
     sub.required = True
     pr = sub.add_parser("prepare", help="generate and compile candidates (CPU, needs nvidia-cutlass-dsl)")
     pr.add_argument("--arch", default="sm_90a")
-    pr.add_argument("--shapes", required=True, type=Path, help="the model's shapes file")
+    pr.add_argument("--shapes", required=True, type=Path,
+                    help="the model file (kernels/models/glm-5.3-flash.json): its seed set gives the cells, its "
+                    "served step (the 'step' key) the decode phase; a file without a step skips that phase")
     pr.add_argument("--out", required=True, type=Path, help="candidate directory to create")
     pr.add_argument("--jobs", type=int)
     pr.add_argument("--m", type=int, nargs="+", metavar="M",
                     help="only the cells of these token counts (default: every M of the seed set)")
+    pr.add_argument("--no-pdl-twins", dest="twins", action="store_false",
+                    help="do not add each candidate's no-PDL twin (added by default where the model file has a "
+                    "served step: PDL is then a per-entry choice of the decode phase)")
     me = sub.add_parser("measure", help="check and time candidates vs cuBLAS (GPU, from the installed wheel)")
     me.add_argument("dir", type=Path, help="a directory made by `tune prepare`")
     me.add_argument("--results", required=True, type=Path, help="results JSON to write")
@@ -550,6 +473,9 @@ def add_arguments(p) -> None:
     me.add_argument("--decode-passes", type=_at_least_one, default=DECODE_PASSES, metavar="N",
                     help=f"passes of that phase over the cells; each pass re-times every cell with the others on "
                     f"their latest choice, the last pass decides (default {DECODE_PASSES})")
+    me.add_argument("--decode-read-cap", type=_at_least_one, metavar="MB",
+                    help="cap each read stand-in of the served step (attention, KDA, MoE, FP8 weights) at MB "
+                    "megabytes: the ops stay between the GEMMs, their time and noise shrink (default: the step's bytes)")
     wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
     wr.add_argument("results", type=Path, nargs="+",
                     help="results of `tune measure`; with several, a later file's cells replace an earlier one's")
@@ -569,10 +495,10 @@ def main(args) -> int:
     """Run one tuning phase; a bad request (unknown M, results of two archs, no cells) is one line on stderr, exit 2."""
     try:
         if args.phase == "prepare":
-            print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m))
+            print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m, args.twins))
         elif args.phase == "measure":
             data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top,
-                           decode_passes=args.decode_passes)
+                           decode_passes=args.decode_passes, read_cap_mb=args.decode_read_cap)
             print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")
         else:
             path, planned, skipped = write_plan(args.results, args.min_speedup)

@@ -4,11 +4,9 @@ import dataclasses
 import json
 
 import pytest
-
+from helpers.fake_step import STEPS, cand, fake_step
 from skinny_gemm.aot import bench, plans, tune
 from skinny_gemm.aot.build import PACKAGE_ROOT
-
-from helpers.fake_step import STEPS, cand, fake_step
 
 # The committed H200 tuner results the sm_90a plan is derived from.
 TUNING = PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a"
@@ -27,9 +25,14 @@ SHAPES = {
             ("indexer_wk", 11, 160, 4096),
             ("mla_o_proj", 11, 4096, 4096),
             ("lm_head", 1, 38720, 4096),
+            ("shared_gate_up", 42, 1024, 4096),
+            ("shared_down", 42, 4096, 512),
         ]
-    }
+    },
+    # The layer order is the committed GLM-5.3-Flash step (kernels/models/glm-5.3-flash.json).
+    "step": json.loads((PACKAGE_ROOT / "kernels" / "models" / "glm-5.3-flash.json").read_text())["step"],
 }
+SEED_90A = [name for name in SHAPES["linears"] if not name.startswith("shared_")]
 
 
 def test_candidates_are_valid_and_bounded():
@@ -73,11 +76,14 @@ def test_tune_cli_rejects_bad_requests_in_one_line(tmp_path, capsys):
     from skinny_gemm.aot import cli
 
     shapes = tmp_path / "shapes.json"
-    seed = {"tp": [4, 8], "linears": sorted(SHAPES["linears"]), "planned_M": [1, 2, 3, 4]}
+    seed = {"tp": [4, 8], "linears": sorted(SEED_90A), "planned_M": [1, 2, 3, 4]}
     shapes.write_text(json.dumps({**SHAPES, "seed_plan_sets": {"sm_90a": seed}}))
     assert cli.main(["tune", "prepare", "--shapes", str(shapes), "--out", str(tmp_path / "c"), "--m", "5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "M=[5] is not in the sm_90a seed set" in err
+    assert cli.main(["tune", "prepare", "--shapes", str(shapes), "--out", str(tmp_path / "c"), "--m", "16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "M=[16] is beyond the kernels' MAX_M=8" in err
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"arch": "sm_90a", "gpu": "g", "date": "d", "method": "m", "cells": []}))
     assert cli.main(["tune", "write", str(empty)]) == 2
@@ -99,7 +105,7 @@ def test_committed_plan_is_the_tuners_output(tmp_path):
              "tune-sm_90a-h200-m2.json", "tune-sm_90a-h200-m4.json")
     runs = [TUNING / name for name in names]
     out = tmp_path / "sm_90a.json"
-    path, planned, skipped = tune.write_plan(runs, out=out)
+    _path, planned, skipped = tune.write_plan(runs, out=out)
     assert out.read_text() == plans.plan_path("sm_90a").read_text()
     _, entries = plans.load(out)
     cells = {(c["n"], c["k"], c["m"]) for run in runs for c in json.loads(run.read_text())["cells"]}
@@ -134,17 +140,17 @@ def test_write_plan_keeps_only_cells_that_win(tmp_path):
 
 def test_write_plan_merges_results_later_files_replace_cells(tmp_path):
     """Re-tuning one M (`tune prepare --m 1`) and writing both files: the later file's cells win, the rest stay."""
-    cfg = lambda m: tune.candidates(4096, 4096, m)[0].to_json()  # noqa: E731
-    cell = lambda m, us: {"n": 4096, "k": 4096, "m": m, "cublas_us": 10.0,  # noqa: E731
+    cfg = lambda m: tune.candidates(4096, 4096, m)[0].to_json()
+    cell = lambda m, us: {"n": 4096, "k": 4096, "m": m, "cublas_us": 10.0,
                           "candidates": {"a": {"config": cfg(m), "bad_elements": 0, "us": us}}}
-    run = lambda date, cells: {"arch": "sm_90a", "gpu": "test GPU", "date": date, "method": "synthetic",  # noqa: E731
+    run = lambda date, cells: {"arch": "sm_90a", "gpu": "test GPU", "date": date, "method": "synthetic",
                                "cells": cells}
     first, second = tmp_path / "all.json", tmp_path / "m1.json"
     first.write_text(json.dumps(run("2026-11-28", [cell(1, 8.0), cell(2, 9.0)])))
     second.write_text(json.dumps(run("2026-11-29", [cell(1, 5.0)])))
     _, planned, skipped = tune.write_plan([first, second], out=tmp_path / "plan.json")
     assert (planned, skipped) == (2, 0)
-    header, entries = plans.load(tmp_path / "plan.json")
+    _header, entries = plans.load(tmp_path / "plan.json")
     assert [(e.m, e.provenance["plan_us"], e.provenance["date"]) for e in entries] == [
         (1, 5.0, "2026-11-29"), (2, 9.0, "2026-11-28")]
     other = tmp_path / "other.json"
@@ -245,22 +251,22 @@ def test_isolated_winners_rank_correct_fast_candidates():
 def test_decode_steps_follow_the_seed_set(tmp_path):
     path = tmp_path / "shapes.json"
     path.write_text(json.dumps({**SHAPES, "seed_plan_sets": {
-        "sm_90a": {"tp": [4, 8], "linears": list(SHAPES["linears"]), "planned_M": [1, 2, 3, 4]},
+        "sm_90a": {"tp": [4, 8], "linears": SEED_90A, "planned_M": [1, 2, 3, 4]},
         "sm_121": {"tp": 2, "linears": ["kda_in_proj", "shared_down"], "planned_M": [1, 2, 4]}}}))
     steps = plans.decode_steps("sm_90a", path)
     assert sorted(steps) == [4, 8] and all(len(v) == 192 for v in steps.values())
     assert steps[8][0] == (3208, 4096) and steps[4][-1] == (38720, 4096)
-    assert plans.decode_steps("sm_121", path) == {}, "shared experts have no known place in the layer order"
+    assert plans.decode_steps("sm_121", path) == {}, "the step is stated for TP 4 and 8, not the sm_121 set's TP 2"
 
 
 def test_decode_order_is_one_step():
     for tp in (4, 8):
-        order = plans.decode_order(SHAPES, tp)
+        order = plans.decode_order({**SHAPES, "seed_plan_sets": {"sm_90a": {"linears": SEED_90A}}}, tp)
         assert len(order) == 192
         counts = {}
         for name, _, _ in order:
             counts[name] = counts.get(name, 0) + 1
-        assert counts == {name: v["calls_per_step"] for name, v in SHAPES["linears"].items()}
+        assert counts == {name: v["calls_per_step"] for name, v in SHAPES["linears"].items() if name in SEED_90A}
         assert order[-1][0] == "lm_head"
 
 
@@ -269,3 +275,266 @@ def test_report_renders_the_committed_bench():
     text = bench.markdown(data)
     assert "52 cells" in text and "Decode step" in text and "Startup" in text
     assert abs(bench.geomean([2.0, 8.0]) - 4.0) < 1e-12
+
+
+def test_served_step_calls_put_the_ops_between_the_gemms():
+    """The served step's launch list is the built step op by op: each GEMM where the step has it, ops between."""
+    import torch
+    from helpers.fake_step import HAND_MODEL
+    from skinny_gemm.aot import measure as ms
+    from skinny_gemm.aot import steps
+
+    ops = steps.build(HAND_MODEL, 2, 2)
+    data = ms.step_data(ops, 2, torch.device("cpu"))
+    seen = []
+    data.calls = {i: (lambda op=op: seen.append(op.kind)) for i, op in enumerate(ops) if not op.is_gemm}
+    for call in ms.step_calls(data, lambda x, w, out, n, k: seen.append(("gemm", n, k))):
+        call()
+    assert seen == [("gemm", op.n, op.k) if op.is_gemm else op.kind for op in ops]
+    seen.clear()
+    for call in ms.step_calls(data, None):
+        call()
+    assert seen == [op.kind for op in ops if not op.is_gemm], "the ops alone: the same graph without projections"
+    seen.clear()
+    for call in ms.step_calls(data, lambda x, w, out, n, k: seen.append(("gemm", n, k)), with_ops=False):
+        call()
+    assert seen == [("gemm", op.n, op.k) for op in ops if op.is_gemm], "the bare chain"
+
+
+def test_served_stand_ins_read_their_bytes_on_cpu():
+    """Every stand-in runs (here on the CPU) and each read op reads a slice of exactly its rows of the arena."""
+    import torch
+    from helpers.fake_step import HAND_MODEL
+    from skinny_gemm.aot import measure as ms
+    from skinny_gemm.aot import steps
+
+    ops = steps.build(HAND_MODEL, 2, 4)
+    data = ms.step_data(ops, 4, torch.device("cpu"))
+    for call in ms.step_calls(data, lambda x, w, out, n, k: torch.mm(x, w.T, out=out)):
+        call()
+    x, w, out = data.gemms[1]
+    assert x.shape == (4, 64) and w.shape == (48, 64) and out.shape == (4, 48)
+
+
+def _fake_bench(monkeypatch, planned):
+    import skinny_gemm
+    from skinny_gemm.aot import measure as ms
+
+    def capture(calls):
+        for call in calls:  # run the stand-ins: they must work on any device
+            call()
+        return len(calls)
+
+    cost = {"ops": 10.0, "cublas+step": 30.0, "ours+step": 25.0, "cublas+bare": 20.0, "ours+bare": 10.0}
+    monkeypatch.setattr(ms, "capture", capture)
+    monkeypatch.setattr(ms, "time_graphs", lambda graphs, per, trials: {g: cost[g] for g in graphs})
+    monkeypatch.setattr(skinny_gemm, "planned_ms", lambda n, k: planned)
+    monkeypatch.setattr(skinny_gemm, "linear", lambda x, w: torch_mm(x, w))
+    from skinny_gemm.runtime import ops
+
+    monkeypatch.setattr(ops, "plan", lambda x, w: "a plan")
+
+
+def torch_mm(x, w):
+    return x @ w.T
+
+
+def test_bench_served_reports_share_step_and_bare_and_no_plan(monkeypatch, tmp_path):
+    import torch
+    from helpers.fake_step import HAND_MODEL
+
+    _fake_bench(monkeypatch, (1,))
+    built = [(tp, m, bench.steps_build(HAND_MODEL, tp, m)) for tp in (1, 2) for m in (1, 8)]
+    rows = bench.bench_served(HAND_MODEL, built, trials=1, progress=False, device=torch.device("cpu"))
+    one = rows[0]
+    assert (one["tp"], one["m"], one["planned_gemms"], one["gemms"]) == (1, 1, 3, 3)
+    assert one["share_us"] == {"cublas": 20.0, "ours": 15.0}
+    assert one["speedup"] == {"step": {"ours": 1.2}, "share": {"ours": 20.0 / 15.0}, "bare": {"ours": 2.0}}
+    eight = rows[1]
+    assert eight["ours"] == "no plan" and "ours+step" not in eight["us"], "an M without plans is not timed as ours"
+    text = bench.markdown({"date": "d", "command": "c", "served": rows,
+                           "served_about": {"model": "hand", "file": "hand.json", "about": "two handmade layers"}})
+    assert "Served decode step: hand (hand.json)" in text and "Step: two handmade layers" in text
+    assert "| 1 | 8 | 0/3 |" in text and "no plan" in text and "1.33x" in text and "Bare chain" in text
+
+
+def test_bench_stops_on_a_bad_step_file_before_the_gpu(tmp_path, capsys):
+    from skinny_gemm.aot import cli
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"linears": {}, "step": {"about": "x", "tp": [1], "sequence": [{"op": "gemm"}]}}))
+    assert cli.main(["bench", "--sections", "decode", "--model", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{bad}: step.sequence[0]: unknown op 'gemm'" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_peer_folder_skips_the_peer_in_one_line(tmp_path, capsys):
+    assert bench.load_peer(tmp_path / "nothing") is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bench: peer section skipped: no peer artifacts in")
+
+
+def test_no_pdl_twins_are_valid_new_configs():
+    from skinny_gemm.aot import decode_phase
+
+    cands = tune.candidates(4096, 4096, 1)
+    twins = decode_phase.no_pdl_twins(cands, 4096, 4096)
+    assert twins and not set(twins) & set(cands) and len(set(twins)) == len(twins)
+    for t in twins:
+        t.check(n=4096, k=4096)
+        assert not t.pdl and not t.early and not t.persist
+    assert any(c.persist for c in cands), "persistent candidates have twins too: the plain grid"
+    assert decode_phase.no_pdl_twins(twins, 4096, 4096) == [], "a twin is its own twin"
+
+
+def test_served_steps_hold_the_ops_between_the_gemms():
+    from skinny_gemm.aot import decode_phase, steps
+
+    path = steps.MODELS_DIR / "glm-5.3-flash.json"
+    served = decode_phase.served_steps("sm_90a", path, [1, 4])
+    assert [s["tp"] for s in served] == [4, 8]
+    for entry in served:
+        assert [tuple(c) for c in entry["calls"]] == plans.decode_steps("sm_90a", path)[entry["tp"]]
+        for m in ("1", "4"):
+            ops = entry["step"][m]
+            assert [op[1:] for op in ops if isinstance(op, list)] == entry["calls"]
+            assert len(ops) == 657 and not isinstance(ops[0], list), "the step starts with a norm, not a GEMM"
+        def moe(m, entry=entry):
+            return [op["bytes"] for op in entry["step"][m] if isinstance(op, dict) and op["op"] == "moe"]
+
+        assert moe("4")[-1] == 4 * moe("1")[-1], "4 tokens read 4 x 8 of the 128 experts"
+        # kda_f_b_proj follows kda_in_proj directly: the one place a GEMM precedes a GEMM in a KDA layer.
+        assert {(2048 if entry["tp"] == 4 else 1024, 128)} <= decode_phase.preceded_by_gemm(entry, 1)
+        assert (6416 if entry["tp"] == 4 else 3336, 4096) not in decode_phase.preceded_by_gemm(entry, 1)
+
+
+def test_decode_phase_offers_pdl_only_where_a_gemm_precedes(monkeypatch):
+    """In the served step a cell after a non-GEMM op is timed with no-PDL twins only; one after a GEMM with both."""
+    import torch
+    from skinny_gemm.aot import decode_phase
+    from skinny_gemm.kernels.config import KernelConfig
+
+    on = KernelConfig(m=1, kind="simt", threads=64, k_threads=32, cols=1, unroll=1)
+    fast_on = KernelConfig(m=1, kind="simt", threads=64, k_threads=16, cols=1, unroll=1)
+    off, fast_off = decode_phase.twin(on), decode_phase.twin(fast_on)
+
+    def cands():
+        return {c.name: {"config": c.to_json(), "bad_elements": 0, "us": us}
+                for c, us in ((fast_on, 4.0), (on, 5.0), (fast_off, 6.0), (off, 7.0))}
+
+    # PDL costs in the step unless the kernel before triggers; the cost function only sees names.
+    cost = {fast_on.name: 3.0, on.name: 3.5, fast_off.name: 2.0, off.name: 2.5}
+    lib = fake_step(monkeypatch, lambda names: sum(cost[n] for n in names))
+    rows = [{"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": cands()},
+            {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": cands()}]
+    step = {"tp": 4, "calls": [[64, 32], [32, 64]],
+            "step": {"1": [{"op": "rms_norm", "size": 8, "bytes": 16}, ["gemm", 64, 32], ["gemm", 32, 64],
+                           {"op": "moe", "size": 0, "bytes": 4096}]}}
+    decode_phase.decode_phase(lib, rows, [step], torch.device("cpu"), top=12, trials=1, progress=False)
+    after_op, after_gemm = rows[0]["decode"], rows[1]["decode"]
+    assert set(after_op["step_us"]) == {fast_off.name, off.name}, "after a norm: no PDL candidate is timed"
+    assert set(after_gemm["step_us"]) == {fast_on.name, on.name, fast_off.name, off.name}
+    assert after_op["chosen"] == fast_off.name and after_gemm["chosen"] == fast_off.name
+    assert lib.launched, "our kernels ran inside the served step's graph"
+
+
+class FakePeer:
+    """A loaded peer that runs only (48, 64) and records its launches."""
+
+    version = "0.32.0"
+
+    def __init__(self):
+        self.launched = []
+
+    def variant_for(self, n, k, m, pdl):
+        return f"v{'_pdl' if pdl else ''}" if (n, k) == (48, 64) else None
+
+    def launch(self, vid, a, b, c, n, k):
+        self.launched.append((vid, n, k))
+
+
+def test_bench_served_runs_the_peer_pdl_off_and_on_where_it_has_a_variant(monkeypatch):
+    import torch
+    from helpers.fake_step import HAND_MODEL
+
+    _fake_bench(monkeypatch, (1,))
+    from skinny_gemm.aot import measure as ms
+
+    cost = {"ops": 10.0, "cublas+step": 30.0, "ours+step": 25.0, "cublas+bare": 20.0, "ours+bare": 10.0,
+            "peer+step": 28.0, "peer+bare": 18.0, "peer_pdl+step": 29.0, "peer_pdl+bare": 17.0}
+    monkeypatch.setattr(ms, "time_graphs", lambda graphs, per, trials: {g: cost[g] for g in graphs})
+    fake = FakePeer()
+    (row,) = bench.bench_served(HAND_MODEL, [(2, 1, bench.steps_build(HAND_MODEL, 2, 1))], trials=1, progress=False,
+                                peer_lib=fake, device=torch.device("cpu"))
+    # Two qkv calls per graph, in the step and the bare chain, PDL off then on; the head stays on cuBLAS.
+    assert fake.launched == [("v", 48, 64)] * 4 + [("v_pdl", 48, 64)] * 4
+    assert row["peer_gemms"] == 2 and row["speedup"]["share"]["peer"] == 20.0 / 18.0
+    text = bench.markdown({"date": "d", "command": "c", "served": [row], "served_about": {"peer_version": "0.32.0"}})
+    assert "peer share speedup (pdl off / on)" in text and "1.11x / 1.05x" in text
+
+
+def test_prepare_writes_the_served_step_and_the_no_pdl_twins(monkeypatch, tmp_path):
+    """`tune prepare` on the GLM model file: cells.json holds each TP's served step per M, candidates their twins."""
+    from skinny_gemm.aot import build, steps
+
+    compiled = {}
+
+    def fake_build(arch, configs, mapping, out_dir, plan_file, jobs=None):
+        compiled["configs"] = set(configs)
+
+    monkeypatch.setattr(build, "build_configs", fake_build)
+    monkeypatch.setattr(build, "main_summary", lambda result: "built")
+    model = steps.MODELS_DIR / "glm-5.3-flash.json"
+    line = tune.prepare("sm_90a", model, tmp_path, ms=[2])
+    spec = json.loads((tmp_path / tune.CELLS_FILE).read_text())
+    assert "no decode phase" not in line and [d["tp"] for d in spec["decode"]] == [4, 8]
+    assert set(spec["decode"][0]["step"]) == {"2"} and len(spec["decode"][0]["step"]["2"]) == 657
+    row = next(r for r in spec["cells"] if (r["n"], r["k"]) == (4096, 4096))
+    cands = [tune.KernelConfig.from_json(c) for c in row["candidates"]]
+    base = tune.candidates(4096, 4096, 2)
+    assert cands[: len(base)] == base and cands[len(base):] == tune.no_pdl_twins(base, 4096, 4096)
+    assert set(cands) <= compiled["configs"]
+    # Without twins, or for a model file without a step: the candidates alone.
+    tune.prepare("sm_90a", model, tmp_path / "plain", ms=[2], twins=False)
+    plain = json.loads((tmp_path / "plain" / tune.CELLS_FILE).read_text())
+    assert len(next(r for r in plain["cells"] if (r["n"], r["k"]) == (4096, 4096))["candidates"]) == len(base)
+
+
+def test_bench_served_refuses_to_time_a_planned_cell_that_would_fall_back(monkeypatch):
+    import torch
+    from helpers.fake_step import HAND_MODEL
+    from skinny_gemm.runtime import ops
+
+    _fake_bench(monkeypatch, (1,))
+    monkeypatch.setattr(ops, "plan", lambda x, w: None)
+    with pytest.raises(SystemExit, match=r"\(96, 64, 1\) is planned but would not dispatch"):
+        bench.bench_served(HAND_MODEL, [(1, 1, bench.steps_build(HAND_MODEL, 1, 1))], trials=1, progress=False,
+                           device=torch.device("cpu"))
+
+
+def test_prepare_tunes_m8_beyond_the_seed_sets_token_counts(monkeypatch, tmp_path):
+    """M=8 (a vLLM graph size the kernels run) on the seed set's shapes, with its served step."""
+    from skinny_gemm.aot import build, steps
+
+    monkeypatch.setattr(build, "build_configs", lambda arch, configs, *a, **kw: None)
+    monkeypatch.setattr(build, "main_summary", lambda result: "built")
+    tune.prepare("sm_90a", steps.MODELS_DIR / "glm-5.3-flash.json", tmp_path, ms=[4, 8], twins=False)
+    spec = json.loads((tmp_path / tune.CELLS_FILE).read_text())
+    assert {r["m"] for r in spec["cells"]} == {4, 8} and len(spec["cells"]) == 26
+    assert set(spec["decode"][0]["step"]) == {"4", "8"}
+    assert all(r["candidates"] for r in spec["cells"])
+
+
+def test_a_read_cap_shortens_the_stand_ins_only():
+    import torch
+    from helpers.fake_step import HAND_MODEL
+    from skinny_gemm.aot import measure as ms
+    from skinny_gemm.aot import steps
+
+    ops = steps.build(HAND_MODEL, 1, 16)
+    full, capped = ms.step_data(ops, 16, torch.device("cpu")), ms.step_data(ops, 16, torch.device("cpu"), read_cap=4096)
+    assert [op.kind for op in capped.ops] == [op.kind for op in ops], "every op stays, in order"
+    assert [op.bytes for op in capped.ops if op.kind == "attention"] == [4096, 4096]
+    assert [op.bytes for op in full.ops if op.kind == "attention"] == [16 * 10 * 40] * 2
+    assert [op.bytes for op in capped.ops if op.kind == "add_rms_norm"] == [op.bytes for op in ops if op.kind == "add_rms_norm"]

@@ -38,3 +38,37 @@ def cand(us: float) -> dict:
 
 # Two shapes: (64, 32) called twice in the TP4 step, (32, 64) once in each of TP4 and TP8.
 STEPS = [{"tp": 4, "calls": [[64, 32], [32, 64], [64, 32]]}, {"tp": 8, "calls": [[32, 64]]}]
+
+
+# A handmade model file with a step: every op kind, a repeat block, a non-BF16 linear, per-TP sizes.
+HAND_MODEL = {
+    "name": "hand",
+    "linears": {
+        "qkv": {"calls_per_step": 2, "tp": {"1": [96, 64], "2": [48, 64]}},
+        "down": {"calls_per_step": 2, "tp": {"1": [64, 128], "2": [64, 64]}, "dtype": "fp8"},
+        "head": {"calls_per_step": 1, "tp": {"1": [500, 64], "2": [250, 64]}},
+    },
+    "step": {
+        "about": "two handmade layers",
+        "tp": [1, 2],
+        "context": 10,
+        "other_weight_bytes": 1,
+        "layers": {
+            "layer": [
+                {"op": "add_rms_norm", "size": 64},
+                {"op": "linear", "linear": "qkv"},
+                {"op": "rotary", "size": {"1": 32, "2": 16}},
+                {"op": "attention", "kv_bytes_per_token": {"1": 40, "2": 20}},
+                {"op": "recurrent", "state_bytes": 1000},
+                {"op": "moe", "experts": 4, "top_k": 3, "expert_bytes": {"1": 7, "2": 5}},
+                {"op": "linear", "linear": "down"},
+                {"op": "all_reduce", "size": 64, "note": "placeholder"},
+            ]
+        },
+        "sequence": [
+            {"repeat": 2, "body": [{"layer": "layer"}]},
+            {"op": "silu_and_mul", "size": 8},
+            {"op": "linear", "linear": "head"},
+        ],
+    },
+}
