@@ -32,8 +32,13 @@ import json
 import sys
 from pathlib import Path
 
-from ..kernels.config import MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
+from ..kernels.config import KernelConfig
 from ..runtime.manifest import dumps
+from .candidates import candidates, max_candidates, resident_ctas, spaces
+from .candidates import (
+    persist_candidates as persist_candidates,  # re-exported for the tuner's callers
+)
+from .candidates import slice_candidates as slice_candidates
 
 MIN_SPEEDUP = 1.05
 CELLS_FILE = "cells.json"
@@ -47,180 +52,12 @@ DECODE_PASSES = 2
 FAMILY_MARGIN = 0.01
 
 
-# The mma kernel's pipelines, (cols, stages) at unroll 1: 4, 8 or 16 loads of 512 bytes
-# (one 16-byte load per lane) in flight per warp, 40-140 registers on sm_90a.
-# (32, 4) took 96-128 registers and spilled: dropped. (8, 16) lets one warp
-# hold a whole 512-k range of its 8 rows, 15 loads of it issued before the PDL wait.
-MMA_PIPES = ((8, 4), (8, 8), (8, 16), (16, 2), (16, 4), (32, 2))
-# L2 fetch per weight load: 128 B beat v3's 256 B by 3-9% on 4096x2048..6416x4096,
-# no hint won 4096x1536 (docs/perf.md v4). The L2 bulk prefetch never made a
-# decode-step pick for the mma kernel in the v4 sweep: it is no longer timed there.
-MMA_FETCH = (256, 128, 0)
-# Most candidates `candidates` gives one cell of the sm_90a seed set (38720x4096 at M=1: 410).
-MAX_CANDIDATES = 480
-# SMs of the H200 (and H100 SXM), for the persistent grids below.
-H200_SMS = 132
-# Cluster-split mma (v6): K shared by the CTAs of a cluster. Its first sweep (8 cells,
-# splits 2/4/8, K splits 64-512 threads) won with 2 or 4 CTAs of 64-256 threads; 8 never
-# placed in a cell's top five (docs/perf.md v6).
-SPLIT_PIPES = ((8, 4), (8, 8), (16, 2), (16, 4))
-SPLIT_FETCH = (256, 128)
-
-
-# Persistent SIMT (v7): grids of 4-8 CTAs per SM of the H200's 132 that walk the row groups.
-# Its first sweep (M=1, 8 cells, grids of 2/4/6/8 per SM) won with 4 and 6 per SM, never 2.
-PERSIST_GRIDS = (528, 660, 792, 924, 1056)
-
-
-def persist_candidates(n: int, k: int, m: int, grids=PERSIST_GRIDS) -> list[KernelConfig]:
-    """The persistent SIMT configs for one cell whose grid is capped and can be resident at once on the H200."""
-    found = []
-    for grid in grids:
-        for k_threads in (64, 128, 256):
-            for cols in (1, 2):
-                for unroll in (2, 4):
-                    cfg = KernelConfig(m=m, kind="simt", threads=256, k_threads=k_threads, cols=cols, unroll=unroll,
-                                       prefetch=False, early=True, persist=grid)
-                    capped = n // cfg.cols_per_cta > grid
-                    if _valid(cfg, n, k) and capped and grid <= H200_SMS * _resident_ctas(cfg):
-                        found.append(cfg)
-    return found
-
-
-def _resident_ctas(cfg: KernelConfig) -> int:
-    """CTAs of ``cfg`` one sm_90 SM holds at once: 2048 threads, 64K registers (an estimate: the
-    config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps)."""
-    regs = -(-(cfg.register_rule[0] + 24) // 8) * 8
-    return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs))
-
-
-def split_candidates(n: int, k: int, m: int, splits=(2, 4), k_threads_set=(64, 128, 256)) -> list[KernelConfig]:
-    """The cluster-split mma configs for one cell: every split, pipeline, K split and fetch size that is valid."""
-    found = []
-    for split in splits:
-        for cols, stages in SPLIT_PIPES:
-            for k_threads in k_threads_set:
-                for fetch in SPLIT_FETCH:
-                    cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=cols, unroll=1,
-                                       stages=stages, prefetch=False, fetch=fetch, split=split)
-                    if _valid(cfg, n, k):
-                        found.append(cfg)
-    return found
-
-
-# M >= 2 (v9): mma CTAs of 2 or 4 row groups (at most 512 threads), the mma analogue of v8's
-# SIMT CTA shapes. (Clusters of 8 one- or two-warp CTAs, each with a whole 512-k slice in
-# flight, were timed in the same run: 1.4-1.6x slower than the best mma on every K=4096 shape.)
-MMA_GROUPS = (2, 4)
-GROUP_FETCH = (256, 128)
-
-
-def group_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """The multi-group mma configs for one cell: per pipeline and K split, CTAs of 2 or 4 row groups."""
-    found = []
-    for cols, stages in MMA_PIPES:
-        for k_threads in (32, 64, 128, 256):
-            for groups in MMA_GROUPS:
-                for fetch in GROUP_FETCH:
-                    cfg = KernelConfig(m=m, kind="mma", threads=k_threads * groups, k_threads=k_threads, cols=cols,
-                                       unroll=1, stages=stages, prefetch=False, fetch=fetch)
-                    if cfg.threads <= 512 and _valid(cfg, n, k):
-                        found.append(cfg)
-    return found
-
-
-# Sliced mma (v15): tiles of 8 / slices rows x slices K slices. Its first sweep (8 cells,
-# 760 configs) won every K=4096 cell at M=1..4 with CTAs of at most 4 K-loop trips. A wider
-# sweep of three M=1 cells (813 configs) then won with 4 tiles per CTA and 512 threads
-# (4096x4096 8.47 -> 8.06 us), and fetch 0 or 128 B beat 256 on every sliced winner.
-SLICE_CHOICES = (2, 4, 8)
-SLICE_TILES = (1, 2, 4)
-SLICE_K_THREADS = (64, 128, 256, 512)
-SLICE_STAGES = (2, 4, 8)
-SLICE_FETCH = (128, 0)
-SLICE_MAX_TRIPS = 4
-
-
-def slice_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """The sliced mma configs for one cell: every slice count the cell's M allows, 1, 2 or 4 tiles of rows, short CTAs."""
-    found = []
-    for slices in SLICE_CHOICES:
-        for cols in (MMA_ROWS // slices * tiles for tiles in SLICE_TILES):
-            for k_threads in SLICE_K_THREADS:
-                for stages in SLICE_STAGES:
-                    for fetch in SLICE_FETCH:
-                        cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=cols,
-                                           unroll=1, stages=stages, prefetch=False, fetch=fetch, slices=slices)
-                        if _valid(cfg, n, k) and k // cfg.k_step <= SLICE_MAX_TRIPS:
-                            found.append(cfg)
-    return found
-
-
-def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most MAX_CANDIDATES): the pipelined mma kernel (also cluster-split, sliced and, at M >= 2, several row groups per CTA), the SIMT kernel (also persistent).
-
-    mma: per pipeline, every K split (warps per row tile) that divides K,
-    each with every L2 fetch size in MMA_FETCH. Less K split leaves HBM idle; more
-    shortens each warp's stream, which pays where the grid runs in several
-    waves: a last, partial wave is latency-bound, so its warps should be
-    short. (v3 kept four splits around the one putting 48 KB in flight per SM;
-    the winners sat at both ends of that window, so now all are timed.) One
-    row group per CTA keeps every N divisible by 8 valid (3336 = 8 * 417);
-    at M >= 2 also 2 or 4 per CTA (group_candidates).
-    """
-    found = []
-    for cols, stages in MMA_PIPES:
-        for k_threads in (32, 64, 128, 256, 512):
-            for fetch in MMA_FETCH:
-                cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=cols, unroll=1,
-                                   stages=stages, prefetch=False, fetch=fetch)
-                if _valid(cfg, n, k):
-                    found.append(cfg)
-    found += split_candidates(n, k, m)
-    found += slice_candidates(n, k, m)
-    if m >= 2:
-        found += group_candidates(n, k, m)
-    if m <= 2:
-        found += persist_candidates(n, k, m)
-    # The bulk-copy kernel (kind "bulk", v5) is not a candidate: any bulk pick made the whole
-    # decode step ~50 us slower (TP8 M=4: one cell on bulk 799-800 us, none 741-747, both
-    # 792; docs/perf.md v9), whatever its count of calls, and the decode phase, which changes
-    # one cell at a time, cannot leave that state once two cells are on bulk.
-    # The SIMT kernel wastes nothing on token padding and can give one CTA a
-    # single column: it stays in the race at small M and for tiny N. (4
-    # columns per group won 2 of 52 cells by under 2%: dropped.)
-    # Each with one of three starts: L2 prefetch, nothing, or the first trip's
-    # weight loads issued before the PDL wait (`early`).
-    # At M=1, also 4 loads per thread in flight (twice the bytes per CTA of the default 2),
-    # and CTAs of 128 and 512 threads: inside the decode step the CTA shape moved the TP8
-    # step by up to 19 us at equal isolated speed (perf.md v7 sweep); 128 and 512 threads
-    # took 10 of the 13 M=1 cells and 14 us off the TP4 step; 64 and 1024 took none (perf.md v8).
-    simt = []
-    unrolls = (2 if k >= 1024 else 1,) + ((4,) if m == 1 and k >= 2048 else ())
-    for threads in (128, 256, 512) if m == 1 else (256,):
-        for k_threads in (16, 32, 64, 128, 256):
-            for cols in (1, 2):
-                for unroll in unrolls:
-                    for prefetch, early in ((True, False), (False, False), (False, True)):
-                        cfg = KernelConfig(m=m, kind="simt", threads=threads, k_threads=k_threads, cols=cols,
-                                           unroll=unroll, prefetch=prefetch, early=early)
-                        if k_threads <= threads and _valid(cfg, n, k):
-                            simt.append(cfg)
-    # Too few CTAs leave most of the 132 SMs idle: keep configs within 4x of the
-    # most CTAs any candidate reaches (all of them for tiny N such as 160).
-    if simt:
-        most = max(n // c.cols_per_cta for c in simt)
-        found += [c for c in simt if n // c.cols_per_cta * 4 >= min(most, 528)]
-    return found
-
-
-def _valid(cfg: KernelConfig, n: int, k: int) -> bool:
-    """Whether ``cfg`` passes the config check for this shape."""
-    try:
-        cfg.check(n=n, k=k)
-    except ConfigError:
-        return False
-    return True
+# Candidate generation lives in aot/candidates.py (the spaces are data: kernels/candidates.json);
+# these names stay importable from here for the tuner's callers and tests.
+MAX_CANDIDATES = max_candidates()
+H200_SMS = spaces()["sms"]
+SLICE_MAX_TRIPS = dict(next(s for s in spaces()["spaces"] if s["name"] == "slice")["rules"])["max_k_trips"]
+_resident_ctas = resident_ctas
 
 
 def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None, ms: list[int] | None = None) -> str:
