@@ -167,3 +167,35 @@ def slice_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
 def persist_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
     """The persistent SIMT configs for one cell (grids that cap and can be resident at once on the H200)."""
     return space_candidates("persist", n, k, m)
+
+
+def cell_rows(cells, top: int | None = None, per_family: int = 2) -> tuple[list[dict], dict]:
+    """`tune prepare`'s rows: per (n, k, m[, bias]) cell its candidates, cut by the cost model with ``top``.
+
+    With ``top`` a cell keeps its ``top`` best predicted candidates plus the ``per_family``
+    best of each kernel family (aot/costmodel.py). A cell that needs a bias asks every
+    candidate for one (the config field ``bias``). Returns (rows, {(n, k, m): why} for cells
+    left without a candidate).
+    """
+    from . import costmodel
+
+    model = costmodel.load() if top else None
+    rows, skipped = [], {}
+    for cell in cells:
+        n, k, m = cell[:3]
+        bias = len(cell) > 3 and cell[3]
+        if bias and "bias" not in CONFIG_FIELDS:
+            skipped[(n, k, m)] = "bias: no config in this tree has a bias epilogue"
+            continue
+        try:
+            cands = candidates(n, k, m, {"bias": True} if bias else None)
+        except ConfigError as exc:
+            skipped[(n, k, m)] = str(exc)
+            continue
+        if model and cands:
+            cands = costmodel.select(model, cands, n, k, top, per_family)
+        if not cands:
+            skipped[(n, k, m)] = "no candidate passes the config rules (see kernels/config.py for M, K and N)"
+            continue
+        rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
+    return rows, skipped

@@ -274,16 +274,27 @@ def report(result: dict) -> str:
     """The held-out check as a few lines of text."""
     s = result["summary"]
     lines = [
-        f"cost model held out by shape: {s['cells']} cells, {s['timings']} timings, {s['shapes_held_out']} shapes "
-        "(each predicted by a fit without it)",
+        (f"cost model held out by shape: {s['cells']} cells, {s['timings']} timings, {s['shapes_held_out']} shapes "
+         "(each predicted by a fit without it)"),
         f"rank correlation (Spearman, mean over cells): {s['mean_rank_corr']:.3f}",
         f"measured rank of the predicted best (median): {s['median_measured_rank_of_predicted_best']:.0f}",
         f"time error |pred/us - 1| (median): {100 * s['median_abs_rel_error']:.1f}%",
         "best of the model's top N vs the true best: "
         + ", ".join(f"N={n}: mean +{100 * s['mean_loss'][n]:.2f}% max +{100 * s['max_loss'][n]:.1f}% "
                     f"({s['cells_over_2pct'][n]} cells > 2%)" for n in s["mean_loss"]),
-        f"`tune prepare` cut (top {s['prepare_cut']['top']} + best {s['prepare_cut']['per_family']} per family, "
-        f"{s['prepare_cut']['mean_size']:.1f} per cell): mean +{100 * s['prepare_cut']['mean_loss']:.2f}% "
-        f"max +{100 * s['prepare_cut']['max_loss']:.1f}%",
+        (f"`tune prepare` cut (top {s['prepare_cut']['top']} + best {s['prepare_cut']['per_family']} per family, "
+         f"{s['prepare_cut']['mean_size']:.1f} per cell): mean +{100 * s['prepare_cut']['mean_loss']:.2f}% "
+         f"max +{100 * s['prepare_cut']['max_loss']:.1f}%"),
     ]
     return "\n".join(lines)
+
+
+def main(phase: str, out: Path | None) -> str:
+    """`tune model-fit` (write the model) or `tune model-check` (held-out report, per-cell JSON to ``out``)."""
+    if phase == "model-fit":
+        path = write(fit(), out or MODEL_FILE)
+        return f"wrote {path}"
+    result = check()
+    if out:
+        Path(out).write_text(dumps(result))
+    return report(result)

@@ -235,8 +235,8 @@ def catalogue_table(arch: str, entries: list[PlanEntry], what: str) -> str:
 def catalogue_report(entries: list[PlanEntry], reasons: dict) -> str:
     """Lines for `plan --model`: the counts, then each cell left to cuBLAS with its rule."""
     cells = len(entries) + len(reasons)
-    lines = [f"{cells} cells: {len(entries)} heuristic entries ({len({e.config for e in entries})} variants), "
-             f"{len(reasons)} left to cuBLAS"]
+    variants = len({e.config for e in entries})
+    lines = [f"{cells} cells: {len(entries)} heuristic entries ({variants} variants), {len(reasons)} left to cuBLAS"]
     lines += [f"  no plan ({n}, {k}) m={m}: {why}" for (n, k, m), why in sorted(reasons.items())]
     return "\n".join(lines)
 

@@ -34,11 +34,8 @@ from pathlib import Path
 
 from ..kernels.config import KernelConfig
 from ..runtime.manifest import dumps
-from .candidates import candidates, max_candidates, resident_ctas, spaces
-from .candidates import (
-    persist_candidates as persist_candidates,  # re-exported for the tuner's callers
-)
-from .candidates import slice_candidates as slice_candidates
+from . import candidates as _candidates
+from .candidates import cell_rows, max_candidates, resident_ctas, spaces
 
 MIN_SPEEDUP = 1.05
 CELLS_FILE = "cells.json"
@@ -58,32 +55,51 @@ MAX_CANDIDATES = max_candidates()
 H200_SMS = spaces()["sms"]
 SLICE_MAX_TRIPS = dict(next(s for s in spaces()["spaces"] if s["name"] == "slice")["rules"])["max_k_trips"]
 _resident_ctas = resident_ctas
+candidates = _candidates.candidates
+slice_candidates = _candidates.slice_candidates
+persist_candidates = _candidates.persist_candidates
 
 
-def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None, ms: list[int] | None = None) -> str:
-    """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary line.
+# The H200's measuring rate in `tune measure`, for prepare's estimate: 2902-3307 timings took about 2 minutes per run.
+TIMINGS_PER_S = 27
 
-    ``ms`` keeps only the cells of those token counts (the decode phase ranks each M on its own).
+
+def prepare(arch: str, shapes_file: Path | None, out: Path, jobs: int | None = None, ms: list[int] | None = None,
+            model: str | None = None, tps: list[int] | None = None, every: bool = False, top: int | None = None,
+            per_family: int = 2) -> str:
+    """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary.
+
+    The cells are an arch's seed set (``shapes_file``) or catalogue models' BF16 cells (``model``/``tps``
+    or ``every``; M 1, 2, 4, 8, 16 by default). ``ms`` keeps only the cells of those token counts (the
+    decode phase ranks each M on its own); ``top`` cuts each cell's candidates with the cost model.
+    Catalogue cells get no decode phase (their model steps are not in this tree's layer order).
     """
     from . import plans
     from .build import build_configs, main_summary
 
-    seed = plans.seed_shapes(arch, shapes_file)
-    unknown = sorted(set(ms or ()) - {c[2] for c in seed})
-    if unknown:
-        raise ValueError(f"M={unknown} is not in the {arch} seed set's token counts {sorted({c[2] for c in seed})}")
-    cells = [c for c in seed if not ms or c[2] in ms]
-    steps = plans.decode_steps(arch, shapes_file)
-    rows, configs = [], set()
-    for n, k, m in cells:
-        cands = candidates(n, k, m)
-        rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
-        configs.update(cands)
+    if model or every:
+        found = plans.catalogue_cells(plans.model_tps(model, tps, every), ms or plans.CATALOGUE_MS)
+        cells, steps = [(c.n, c.k, c.m, c.bias) for c in found], {}
+    elif shapes_file:
+        seed = plans.seed_shapes(arch, shapes_file)
+        unknown = sorted(set(ms or ()) - {c[2] for c in seed})
+        if unknown:
+            raise ValueError(f"M={unknown} is not in the {arch} seed set's token counts {sorted({c[2] for c in seed})}")
+        cells = [c for c in seed if not ms or c[2] in ms]
+        steps = plans.decode_steps(arch, shapes_file)
+    else:
+        raise ValueError("prepare needs --shapes FILE, --model SLUG or --all")
+    rows, skipped = cell_rows(cells, top, per_family)
+    configs = {KernelConfig.from_json(c) for r in rows for c in r["candidates"]}
     out.mkdir(parents=True, exist_ok=True)
     decode = [{"tp": tp, "calls": [list(c) for c in calls]} for tp, calls in sorted(steps.items())]
     (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows, "decode": decode}))
     result = build_configs(arch, configs, [], out / arch, out / CELLS_FILE, jobs=jobs)
-    return f"{len(rows)} cells, {sum(len(r['candidates']) for r in rows)} timings; " + main_summary(result)
+    timings = sum(len(r["candidates"]) + 1 for r in rows)  # + cuBLAS per cell
+    lines = [f"{len(rows)} cells, {timings} timings with cuBLAS (about {timings / TIMINGS_PER_S / 60:.0f} min of "
+             f"H200 time before any decode phase); " + main_summary(result)]
+    lines += [f"  no candidates ({n}, {k}) m={m}: {why}" for (n, k, m), why in sorted(skipped.items())]
+    return "\n".join(lines)
 
 
 def measure(
@@ -372,11 +388,18 @@ def add_arguments(p) -> None:
     sub.required = True
     pr = sub.add_parser("prepare", help="generate and compile candidates (CPU, needs nvidia-cutlass-dsl)")
     pr.add_argument("--arch", default="sm_90a")
-    pr.add_argument("--shapes", required=True, type=Path, help="the model's shapes file")
+    pr.add_argument("--shapes", type=Path, help="a seed set's shapes file (glm53-flash-shapes.json)")
+    pr.add_argument("--model", help="instead: a catalogue slug (kernels/models/<slug>.json), its BF16 cells")
+    pr.add_argument("--all", action="store_true", help="instead: every catalogue model at every TP it lists")
+    pr.add_argument("--tp", type=int, nargs="+", help="with --model/--all: only these TP sizes")
+    pr.add_argument("--top", type=int, metavar="N",
+                    help="time only each cell's N best candidates by the cost model (plus the best of each family)")
+    pr.add_argument("--per-family", type=int, default=2, metavar="F",
+                    help="with --top: also each kernel family's F best predicted (default 2)")
     pr.add_argument("--out", required=True, type=Path, help="candidate directory to create")
     pr.add_argument("--jobs", type=int)
     pr.add_argument("--m", type=int, nargs="+", metavar="M",
-                    help="only the cells of these token counts (default: every M of the seed set)")
+                    help="only the cells of these token counts (default: every M of the seed set; catalogue: 1 2 4 8 16)")
     me = sub.add_parser("measure", help="check and time candidates vs cuBLAS (GPU, from the installed wheel)")
     me.add_argument("dir", type=Path, help="a directory made by `tune prepare`")
     me.add_argument("--results", required=True, type=Path, help="results JSON to write")
@@ -387,6 +410,10 @@ def add_arguments(p) -> None:
     me.add_argument("--decode-passes", type=_at_least_one, default=DECODE_PASSES, metavar="N",
                     help=f"passes of that phase over the cells; each pass re-times every cell with the others on "
                     f"their latest choice, the last pass decides (default {DECODE_PASSES})")
+    mf = sub.add_parser("model-fit", help="refit the cost model on the committed H200 timings (CPU, numpy)")
+    mf.add_argument("--out", type=Path, help="model JSON to write (default: the committed one next to the timings)")
+    mc = sub.add_parser("model-check", help="how well the cost model predicts held-out timings (held out by shape)")
+    mc.add_argument("--json", type=Path, help="also write the per-cell results here")
     wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
     wr.add_argument("results", type=Path, nargs="+",
                     help="results of `tune measure`; with several, a later file's cells replace an earlier one's")
@@ -406,7 +433,12 @@ def main(args) -> int:
     """Run one tuning phase; a bad request (unknown M, results of two archs, no cells) is one line on stderr, exit 2."""
     try:
         if args.phase == "prepare":
-            print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m))
+            print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m, args.model, args.tp, args.all,
+                          args.top, args.per_family))
+        elif args.phase in ("model-fit", "model-check"):
+            from . import costmodel
+
+            print(costmodel.main(args.phase, args.out if args.phase == "model-fit" else args.json))
         elif args.phase == "measure":
             data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top,
                            decode_passes=args.decode_passes)
@@ -414,7 +446,7 @@ def main(args) -> int:
         else:
             path, planned, skipped = write_plan(args.results, args.min_speedup)
             print(f"wrote {path}: {planned} cells planned, {skipped} left on cuBLAS")
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"skinny-gemm tune {args.phase}: error: {exc}", file=sys.stderr)
         return 2
     return 0
