@@ -169,6 +169,20 @@ def persist_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
     return space_candidates("persist", n, k, m)
 
 
+def _rejections(n: int, k: int, m: int) -> str:
+    """Which config rules the spaces' configs break for one cell, most common first: why it has no candidate."""
+    counts: dict = {}
+    for space in spaces()["spaces"]:
+        for cfg in expand(space, n, k, m):
+            try:
+                cfg.check(n=n, k=k)
+                rule = "a space rule"
+            except ConfigError as exc:
+                rule = str(exc).split(":")[0]
+            counts[rule] = counts.get(rule, 0) + 1
+    return ", ".join(f"{rule} x{count}" for rule, count in sorted(counts.items(), key=lambda kv: -kv[1])) or "no space"
+
+
 def cell_rows(cells, top: int | None = None, per_family: int = 2) -> tuple[list[dict], dict]:
     """`tune prepare`'s rows: per (n, k, m[, bias]) cell its candidates, cut by the cost model with ``top``.
 
@@ -195,7 +209,7 @@ def cell_rows(cells, top: int | None = None, per_family: int = 2) -> tuple[list[
         if model and cands:
             cands = costmodel.select(model, cands, n, k, top, per_family)
         if not cands:
-            skipped[(n, k, m)] = "no candidate passes the config rules (see kernels/config.py for M, K and N)"
+            skipped[(n, k, m)] = f"no candidate passes the config rules ({_rejections(n, k, m)})"
             continue
         rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
     return rows, skipped

@@ -96,7 +96,7 @@ def prepare(arch: str, shapes_file: Path | None, out: Path, jobs: int | None = N
     (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows, "decode": decode}))
     result = build_configs(arch, configs, [], out / arch, out / CELLS_FILE, jobs=jobs)
     timings = sum(len(r["candidates"]) + 1 for r in rows)  # + cuBLAS per cell
-    lines = [f"{len(rows)} cells, {timings} timings with cuBLAS (about {timings / TIMINGS_PER_S / 60:.0f} min of "
+    lines = [f"{len(rows)} cells, {timings} timings with cuBLAS (about {timings / TIMINGS_PER_S / 60:.1f} min of "
              f"H200 time before any decode phase); " + main_summary(result)]
     lines += [f"  no candidates ({n}, {k}) m={m}: {why}" for (n, k, m), why in sorted(skipped.items())]
     return "\n".join(lines)

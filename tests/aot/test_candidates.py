@@ -69,7 +69,7 @@ def test_a_malformed_space_file_is_refused_naming_space_and_field(tmp_path):
 def test_cell_rows_report_cells_without_candidates():
     rows, skipped = candidates.cell_rows([(4096, 4096, 1), (4096, 4095, 1), (1280, 8192, 1, True)])
     assert [(r["n"], r["k"], r["m"]) for r in rows] == [(4096, 4096, 1)]
-    assert "no candidate passes" in skipped[(4096, 4095, 1)]
+    assert "no candidate passes" in skipped[(4096, 4095, 1)] and "rule 'k divisible'" in skipped[(4096, 4095, 1)]
     if "bias" not in candidates.CONFIG_FIELDS:
         assert skipped[(1280, 8192, 1)].startswith("bias")
     else:
