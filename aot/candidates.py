@@ -188,7 +188,8 @@ def cell_rows(cells, top: int | None = None, per_family: int = 2) -> tuple[list[
 
     With ``top`` a cell keeps its ``top`` best predicted candidates plus the ``per_family``
     best of each kernel family (aot/costmodel.py). A cell that needs a bias asks every
-    candidate for one (the config field ``bias``). Returns (rows, {(n, k, m): why} for cells
+    candidate for one (the config field ``bias``); a cell no candidate serves asks for the
+    tail path (field ``tail``) where the config has one. Returns (rows, {(n, k, m): why} for cells
     left without a candidate).
     """
     from . import costmodel
@@ -201,8 +202,12 @@ def cell_rows(cells, top: int | None = None, per_family: int = 2) -> tuple[list[
         if bias and "bias" not in CONFIG_FIELDS:
             skipped[(n, k, m)] = "bias: no config in this tree has a bias epilogue"
             continue
+        extra = {"bias": True} if bias else {}
         try:
-            cands = candidates(n, k, m, {"bias": True} if bias else None)
+            cands = candidates(n, k, m, extra or None)
+            if not cands and "tail" in CONFIG_FIELDS:
+                # a K or N that no unrolled step divides: the kernels' tail path (config field `tail`) serves it
+                cands = candidates(n, k, m, {**extra, "tail": True})
         except ConfigError as exc:
             skipped[(n, k, m)] = str(exc)
             continue
