@@ -183,13 +183,14 @@ def _rejections(n: int, k: int, m: int) -> str:
     return ", ".join(f"{rule} x{count}" for rule, count in sorted(counts.items(), key=lambda kv: -kv[1])) or "no space"
 
 
-def cell_rows(cells, top: int | None = None, per_family: int = 2) -> tuple[list[dict], dict]:
+def cell_rows(cells, top: int | None = None, per_family: int = 2, extend=None) -> tuple[list[dict], dict]:
     """`tune prepare`'s rows: per (n, k, m[, bias]) cell its candidates, cut by the cost model with ``top``.
 
     With ``top`` a cell keeps its ``top`` best predicted candidates plus the ``per_family``
     best of each kernel family (aot/costmodel.py). A cell that needs a bias asks every
     candidate for one (the config field ``bias``); a cell no candidate serves asks for the
-    tail path (field ``tail``) where the config has one. Returns (rows, {(n, k, m): why} for cells
+    tail path (field ``tail``) where the config has one. ``extend(cands, n, k)``, if given,
+    returns the list to time after the cut (e.g. the candidates plus their no-PDL twins). Returns (rows, {(n, k, m): why} for cells
     left without a candidate).
     """
     from . import costmodel
@@ -213,6 +214,8 @@ def cell_rows(cells, top: int | None = None, per_family: int = 2) -> tuple[list[
             continue
         if model and cands:
             cands = costmodel.select(model, cands, n, k, top, per_family)
+        if extend and cands:
+            cands = extend(cands, n, k)
         if not cands:
             skipped[(n, k, m)] = f"no candidate passes the config rules ({_rejections(n, k, m)})"
             continue

@@ -64,6 +64,27 @@ persist_candidates = _candidates.persist_candidates
 TIMINGS_PER_S = 27
 
 
+def _seed_cells(arch: str, shapes_file: Path, ms: list[int] | None) -> tuple[list, list]:
+    """A seed set's (n, k, m) cells (``ms`` keeps only those token counts) and its decode steps."""
+    from . import plans
+
+    seed = plans.seed_shapes(arch, shapes_file)
+    unknown = sorted(set(ms or ()) - {c[2] for c in seed})
+    if unknown:
+        raise ValueError(f"M={unknown} is not in the {arch} seed set's token counts {sorted({c[2] for c in seed})}")
+    steps = plans.decode_steps(arch, shapes_file)
+    decode = [{"tp": tp, "calls": [list(c) for c in calls]} for tp, calls in sorted(steps.items())]
+    return [c for c in seed if not ms or c[2] in ms], decode
+
+
+def _catalogue_cells(model: str | None, tps: list[int] | None, every: bool, ms: list[int] | None) -> list:
+    """Catalogue models' BF16 (n, k, m, bias) cells at ``ms`` (default M 1, 2, 4, 8, 16)."""
+    from . import plans
+
+    found = plans.catalogue_cells(plans.model_tps(model, tps, every), ms or plans.CATALOGUE_MS)
+    return [(c.n, c.k, c.m, c.bias) for c in found]
+
+
 def prepare(arch: str, shapes_file: Path | None, out: Path, jobs: int | None = None, ms: list[int] | None = None,
             model: str | None = None, tps: list[int] | None = None, every: bool = False, top: int | None = None,
             per_family: int = 2) -> str:
@@ -72,27 +93,19 @@ def prepare(arch: str, shapes_file: Path | None, out: Path, jobs: int | None = N
     The cells are an arch's seed set (``shapes_file``) or catalogue models' BF16 cells (``model``/``tps``
     or ``every``; M 1, 2, 4, 8, 16 by default). ``ms`` keeps only the cells of those token counts (the
     decode phase ranks each M on its own); ``top`` cuts each cell's candidates with the cost model.
-    Catalogue cells get no decode phase (their model steps are not in this tree's layer order).
+    Catalogue cells get no decode phase here (their served steps are not in this tree).
     """
-    from . import plans
     from .build import build_configs, main_summary
 
     if model or every:
-        found = plans.catalogue_cells(plans.model_tps(model, tps, every), ms or plans.CATALOGUE_MS)
-        cells, steps = [(c.n, c.k, c.m, c.bias) for c in found], {}
+        cells, decode = _catalogue_cells(model, tps, every, ms), []
     elif shapes_file:
-        seed = plans.seed_shapes(arch, shapes_file)
-        unknown = sorted(set(ms or ()) - {c[2] for c in seed})
-        if unknown:
-            raise ValueError(f"M={unknown} is not in the {arch} seed set's token counts {sorted({c[2] for c in seed})}")
-        cells = [c for c in seed if not ms or c[2] in ms]
-        steps = plans.decode_steps(arch, shapes_file)
+        cells, decode = _seed_cells(arch, shapes_file, ms)
     else:
         raise ValueError("prepare needs --shapes FILE, --model SLUG or --all")
     rows, skipped = cell_rows(cells, top, per_family)
     configs = {KernelConfig.from_json(c) for r in rows for c in r["candidates"]}
     out.mkdir(parents=True, exist_ok=True)
-    decode = [{"tp": tp, "calls": [list(c) for c in calls]} for tp, calls in sorted(steps.items())]
     (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows, "decode": decode}))
     result = build_configs(arch, configs, [], out / arch, out / CELLS_FILE, jobs=jobs)
     timings = sum(len(r["candidates"]) + 1 for r in rows)  # + cuBLAS per cell

@@ -88,3 +88,12 @@ def test_the_cost_model_cut_keeps_the_best_and_each_family():
     from skinny_gemm.aot.costmodel import family
 
     assert {family(c) for c in cut} == {family(c) for c in full}
+
+
+def test_cell_rows_extend_hook_runs_after_the_cut():
+    """The decode phase's no-PDL twins (or any other addition) are timed on top of the cost-model cut."""
+    import dataclasses
+
+    twins = lambda cands, n, k: cands + [dataclasses.replace(c, pdl=False) for c in cands[:2]]  # noqa: E731
+    (row,), _ = candidates.cell_rows([(4096, 4096, 2)], top=4, per_family=0, extend=twins)
+    assert len(row["candidates"]) == 6 and [c["pdl"] for c in row["candidates"]].count(False) == 2
