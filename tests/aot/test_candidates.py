@@ -97,3 +97,22 @@ def test_cell_rows_extend_hook_runs_after_the_cut():
     twins = lambda cands, n, k: cands + [dataclasses.replace(c, pdl=False) for c in cands[:2]]  # noqa: E731
     (row,), _ = candidates.cell_rows([(4096, 4096, 2)], top=4, per_family=0, extend=twins)
     assert len(row["candidates"]) == 6 and [c["pdl"] for c in row["candidates"]].count(False) == 2
+
+
+def test_tune_prepare_model_writes_the_cut_cells_and_builds_them(tmp_path, capsys):
+    from skinny_gemm.aot import cli, models
+    from skinny_gemm.runtime.manifest import parse
+
+    out = tmp_path / "cand"
+    argv = ["tune", "prepare", "--model", "llama-3.1-8b", "--tp", "8", "--m", "1", "--top", "2", "--per-family", "0",
+            "--out", str(out), "--jobs", "2"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.startswith("5 cells, 15 timings with cuBLAS")
+    spec = json.loads((out / "cells.json").read_text())
+    assert {(r["n"], r["k"]) for r in spec["cells"]} == set(models.shapes(models.load("llama-3.1-8b"), 8))
+    assert all(len(r["candidates"]) == 2 and r["m"] == 1 for r in spec["cells"]) and spec["decode"] == []
+    man = parse(out / "sm_90a" / "manifest.json", expected_arch="sm_90a")
+    assert set(man.variants) == {KernelConfig.from_json(c).name for r in spec["cells"] for c in r["candidates"]}
+    assert cli.main(["tune", "prepare", "--model", "llama-3.1-70b", "--tp", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no shapes at TP 1" in err
