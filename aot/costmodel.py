@@ -219,12 +219,16 @@ def _rank_corr(a, b) -> float:
     return float(np.corrcoef(ra, rb)[0, 1])
 
 
-def check(paths=None, tops=TOPS, per_family: int = PER_FAMILY) -> dict:
-    """Held out by shape: per (N, K), fit without it and rank its cells' timings; the summary and each cell."""
+def check(paths=None, tops=TOPS, per_family: int = PER_FAMILY, by: str = "shape") -> dict:
+    """Held out by shape (per (N, K), fit without it and rank its cells' timings) or by M (``by="m"``: each token
+    count predicted by a fit on the others); the summary and each cell."""
     import numpy as np
 
     t = load_timings(list(paths) if paths else committed_timings())
-    shapes = np.array([f"{n}x{k}" for n, k in t.shape])
+    if by == "m":
+        shapes = np.array([f"m{c[3]}" for c in t.cell])
+    else:
+        shapes = np.array([f"{n}x{k}" for n, k in t.shape])
     cells = np.array(["|".join(map(str, c)) for c in t.cell])
     fam = np.array(t.family)
     per_cell = []
@@ -254,6 +258,7 @@ def check(paths=None, tops=TOPS, per_family: int = PER_FAMILY) -> dict:
     summary = {
         "cells": len(per_cell),
         "timings": len(t.log_us),
+        "held_out_by": by,
         "shapes_held_out": len(set(shapes)),
         "mean_rank_corr": float(np.mean([c["rank_corr"] for c in per_cell])),
         "median_measured_rank_of_predicted_best": float(np.median([c["measured_rank_of_predicted_best"]
@@ -274,8 +279,8 @@ def report(result: dict) -> str:
     """The held-out check as a few lines of text."""
     s = result["summary"]
     lines = [
-        (f"cost model held out by shape: {s['cells']} cells, {s['timings']} timings, {s['shapes_held_out']} shapes "
-         "(each predicted by a fit without it)"),
+        (f"cost model held out by {s['held_out_by']}: {s['cells']} cells, {s['timings']} timings, "
+         f"{s['shapes_held_out']} groups (each predicted by a fit without it)"),
         f"rank correlation (Spearman, mean over cells): {s['mean_rank_corr']:.3f}",
         f"measured rank of the predicted best (median): {s['median_measured_rank_of_predicted_best']:.0f}",
         f"time error |pred/us - 1| (median): {100 * s['median_abs_rel_error']:.1f}%",
@@ -289,12 +294,12 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(phase: str, out: Path | None) -> str:
+def main(phase: str, out: Path | None, by: str = "shape") -> str:
     """`tune model-fit` (write the model) or `tune model-check` (held-out report, per-cell JSON to ``out``)."""
     if phase == "model-fit":
         path = write(fit(), out or MODEL_FILE)
         return f"wrote {path}"
-    result = check()
+    result = check(by=by)
     if out:
         Path(out).write_text(dumps(result))
     return report(result)

@@ -427,6 +427,8 @@ def add_arguments(p) -> None:
     mf.add_argument("--out", type=Path, help="model JSON to write (default: the committed one next to the timings)")
     mc = sub.add_parser("model-check", help="how well the cost model predicts held-out timings (held out by shape)")
     mc.add_argument("--json", type=Path, help="also write the per-cell results here")
+    mc.add_argument("--by", choices=("shape", "m"), default="shape",
+                    help="hold out each (N, K) (default) or each token count M (how it extrapolates in M)")
     wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
     wr.add_argument("results", type=Path, nargs="+",
                     help="results of `tune measure`; with several, a later file's cells replace an earlier one's")
@@ -451,7 +453,10 @@ def main(args) -> int:
         elif args.phase in ("model-fit", "model-check"):
             from . import costmodel
 
-            print(costmodel.main(args.phase, args.out if args.phase == "model-fit" else args.json))
+            if args.phase == "model-fit":
+                print(costmodel.main(args.phase, args.out))
+            else:
+                print(costmodel.main(args.phase, args.json, args.by))
         elif args.phase == "measure":
             data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top,
                            decode_passes=args.decode_passes)

@@ -74,3 +74,10 @@ def test_model_check_command_prints_the_held_out_report(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "held out by shape: 91 cells" in text and "rank correlation" in text and "top N" in text
     assert json.loads(out.read_text())["summary"]["cells"] == 91
+
+
+def test_held_out_by_token_count():
+    """Each M predicted by a fit on the others: the catalogue's M=8 and 16 are outside the timings' 1..4."""
+    s = costmodel.check(by="m")["summary"]
+    assert s["held_out_by"] == "m" and s["shapes_held_out"] == 4
+    assert s["mean_rank_corr"] > 0.7 and s["prepare_cut"]["mean_loss"] < 0.02
