@@ -68,7 +68,8 @@ def test_a_model_with_other_features_is_refused(tmp_path):
         costmodel.load(path)
 
 
-def test_model_check_command_prints_the_held_out_report(tmp_path, capsys):
+def test_model_check_command_prints_the_held_out_report(tmp_path, capsys, monkeypatch, held_out):
+    monkeypatch.setattr(costmodel, "check", lambda by="shape": held_out)  # computed once, by the fixture
     out = tmp_path / "check.json"
     assert cli.main(["tune", "model-check", "--json", str(out)]) == 0
     text = capsys.readouterr().out
