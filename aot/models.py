@@ -81,15 +81,17 @@ def _pos_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _shape_problems(where: str, tp_map) -> list[str]:
+def _shape_problems(where: str, tp_map, field: str = "tp") -> list[str]:
+    """Problems of a {"<tp>": [N, K]} map at ``where`` (its key ``field``)."""
+    where = where if field != "tp" else f"{where}.tp"
     if not isinstance(tp_map, dict) or not tp_map:
-        return [f"{where}.tp: must be a non-empty object of \"<tp>\": [N, K]"]
+        return [f"{where}: must be a non-empty object of \"<tp>\": [N, K]"]
     problems = []
     for tp, shape in tp_map.items():
         if tp not in {str(t) for t in TPS}:
-            problems.append(f"{where}.tp: key {tp!r} is not one of {list(TPS)}")
+            problems.append(f"{where}: key {tp!r} is not one of {list(TPS)}")
         if not (isinstance(shape, list) and len(shape) == 2 and all(_pos_int(v) for v in shape)):
-            problems.append(f"{where}.tp.{tp}: {shape!r} must be [N, K], two positive ints")
+            problems.append(f"{where}.{tp}: {shape!r} must be [N, K], two positive ints")
     return problems
 
 
@@ -120,6 +122,22 @@ def structure_problems(data) -> list[str]:
     arch = data.get("arch")
     if not isinstance(arch, dict) or not all(_pos_int(v) or isinstance(v, bool) for v in arch.values()):
         problems.append("arch: must be an object of positive ints and booleans")
+    experts = data.get("experts")
+    if experts is not None:
+        if not isinstance(experts, dict):
+            problems.append("experts: must be an object")
+        else:
+            for field in ("w13_per_expert", "w2_per_expert"):
+                if field in experts:
+                    problems += _shape_problems(f"experts.{field}", experts[field], field)
+            for field in ("num_experts", "top_k", "layers"):
+                if field in experts and not _pos_int(experts[field]):
+                    problems.append(f"experts.{field}: {experts[field]!r} must be a positive int")
+            if not isinstance(experts.get("dtype", ""), str):
+                problems.append(f"experts.dtype: {experts['dtype']!r} must be a string")
+            per_step = experts.get("bytes_per_step_M1", {})
+            if not isinstance(per_step, dict) or not all(_pos_int(v) for v in per_step.values()):
+                problems.append("experts.bytes_per_step_M1: must map \"<tp>\" to a positive int")
     corrections = data.get("corrections", [])
     if not isinstance(corrections, list) or not all(
         isinstance(c, dict) and isinstance(c.get("field"), str) and isinstance(c.get("why"), str) for c in corrections
@@ -190,15 +208,18 @@ def consistency_problems(data: dict) -> list[str]:
     problems = []
     for name, lin in sorted(data["linears"].items()):
         for tp, shape in sorted(lin["tp"].items()):
-            want = _expected(name, arch, int(tp))
+            try:
+                want = _expected(name, arch, int(tp))
+            except TypeError:  # a fact the rule needs is not in arch: nothing to check it against
+                want = None
             if want is not None and list(want) != shape:
                 problems.append(f"linears.{name}.tp.{tp}: {shape} but arch gives {list(want)}")
         calls = _expected_calls(name, arch)
         if calls is not None and lin["calls_per_step"] not in (calls, 0):
             problems.append(f"linears.{name}.calls_per_step: {lin['calls_per_step']} but arch gives {calls}")
     experts = data.get("experts")
-    if isinstance(experts, dict) and arch.get("experts"):
-        inter = arch.get("moe_intermediate") or arch.get("intermediate")
+    if isinstance(experts, dict) and arch.get("experts") and arch.get("hidden") and arch.get("layers"):
+        inter = arch.get("moe_intermediate") or arch.get("intermediate") or 0
         for tp, shape in sorted(experts.get("w13_per_expert", {}).items()):
             if shape != [2 * inter // int(tp), arch["hidden"]]:
                 problems.append(f"experts.w13_per_expert.{tp}: {shape} but arch gives {[2 * inter // int(tp), arch['hidden']]}")
@@ -208,7 +229,7 @@ def consistency_problems(data: dict) -> list[str]:
         per_elem = DTYPE_BYTES.get(experts.get("dtype"))
         for tp, got in sorted(experts.get("bytes_per_step_M1", {}).items()):
             w13, w2 = experts.get("w13_per_expert", {}).get(tp), experts.get("w2_per_expert", {}).get(tp)
-            if per_elem and w13 and w2:
+            if per_elem and w13 and w2 and experts.get("layers") and experts.get("top_k"):
                 want = experts["layers"] * experts["top_k"] * (w13[0] * w13[1] + w2[0] * w2[1]) * per_elem
                 if got != want:
                     problems.append(f"experts.bytes_per_step_M1.{tp}: {got} but layers x top_k x expert bytes give {want}")

@@ -120,3 +120,30 @@ def test_a_broken_catalogue_file_stops_the_planner_with_its_lines(tmp_path, monk
     monkeypatch.setattr(models, "MODELS_DIR", broken)
     with pytest.raises(models.ModelError, match=r"qwen3-8b.json: linears.qkv_proj.tp.1: \[6000, 4096\]"):
         plans.model_tps(None, None, True)
+
+
+def test_malformed_model_files_give_lines_never_a_traceback(tmp_path):
+    """Fields deleted or retyped at random (arch facts, linear fields, experts, top-level keys): lines, not errors."""
+    import random
+
+    rng = random.Random(1)
+    files = sorted(p for p in models.MODELS_DIR.glob("*.json") if p.name != models.CATALOGUE_FILE)
+    base = [json.loads(p.read_text()) for p in files]
+    junk = [None, 0, -1, 1.5, "x", True, [], {}, [1], {"9": [1, 2]}, {"8": "x"}, {"1": [1]}]
+    path = tmp_path / "fuzz.json"
+    flagged = 0
+    for _ in range(600):
+        data = copy.deepcopy(rng.choice(base))
+        where = rng.choice([data, data.get("arch") or {}, data.get("experts") or {},
+                            data["linears"][rng.choice(sorted(data["linears"]))]])
+        if where:
+            key = rng.choice(sorted(where))
+            if rng.random() < 0.3:
+                del where[key]
+            else:
+                where[key] = rng.choice(junk)
+        path.write_text(json.dumps(data))
+        lines = models.check_file(path)
+        assert all(line.startswith("fuzz.json: ") and "\n" not in line for line in lines)
+        flagged += bool(lines)
+    assert flagged > 300, "most of these edits break a rule"
