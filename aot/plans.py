@@ -242,7 +242,8 @@ def catalogue_report(entries: list[PlanEntry], reasons: dict) -> str:
 
 
 def model_tps(model: str | None, tps: list[int] | None, every: bool) -> list[tuple[str, int]]:
-    """(slug, tp) pairs of a `--model SLUG [--tp N ...]` or `--all` request (every TP a model lists by default)."""
+    """(slug, tp) pairs of a `--model SLUG [--tp N ...]` or `--all [--tp N ...]` request (default: every TP a model
+    lists; with --all, a model without an asked TP is left out of it)."""
     from . import models
 
     slugs = sorted(models.catalogue()) if every else [model]
@@ -250,9 +251,12 @@ def model_tps(model: str | None, tps: list[int] | None, every: bool) -> list[tup
     for slug in slugs:
         listed = models.tps(models.load(slug))
         for tp in tps or listed:
-            if tp not in listed:
+            if tp in listed:
+                pairs.append((slug, tp))
+            elif not every:
                 raise PlanError(f"{slug}: no shapes at TP {tp} (it lists {listed})")
-            pairs.append((slug, tp))
+    if not pairs:
+        raise PlanError(f"no catalogue model lists TP {tps}")
     return pairs
 
 

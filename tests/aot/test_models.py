@@ -108,6 +108,13 @@ def test_plan_model_cli_reports_and_fails_in_one_line(tmp_path, capsys):
         assert err.count("\n") == 1 and msg in err, err
 
 
+def test_all_with_a_tp_takes_the_models_that_list_it():
+    pairs = plans.model_tps(None, [1], True)
+    assert ("llama-3.1-8b", 1) in pairs and not any(slug == "llama-3.1-70b" for slug, _ in pairs)
+    with pytest.raises(plans.PlanError, match="no catalogue model lists TP"):
+        plans.model_tps(None, [3], True)
+
+
 def test_a_broken_catalogue_file_stops_the_planner_with_its_lines(tmp_path, monkeypatch):
     broken = tmp_path / "models"
     broken.mkdir()
