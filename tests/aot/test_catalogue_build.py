@@ -30,6 +30,11 @@ def test_every_catalogue_cell_gets_an_entry_or_a_reason(catalogue):
     assert not {(e.n, e.k, e.m) for e in entries} & set(reasons)
     for why in reasons.values():
         assert "rule" in why or why.startswith(REASON_PREFIXES), why
+    by_rule: dict = {}
+    for (n, k, m), why in sorted(reasons.items()):
+        by_rule.setdefault(why.split(":")[0], []).append(f"{n}x{k}@m{m}")
+    for rule, where in sorted(by_rule.items()):  # the shapes left to cuBLAS, shown with -s
+        print(f"left to cuBLAS by {rule}: {len(where)} cells, e.g. {', '.join(where[:4])}")
     for e in entries:
         e.config.check(n=e.n, k=e.k)
         assert e.config.m == e.m and e.provenance["kind"] == "heuristic" and e.provenance["uses"]
