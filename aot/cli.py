@@ -89,9 +89,20 @@ def cmd_env(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    """Write heuristic plan tables for an arch's seed set (overwrites measured ones: use with care)."""
-    from .plans import heuristic_table, plan_path
+    """Write heuristic plan tables for an arch's seed set (overwrites measured ones: use with care), or report a catalogue model's."""
+    from .models import ModelError
+    from .plans import PlanError, heuristic_table, plan_models, plan_path
 
+    if args.model or args.all:
+        try:
+            print(plan_models(args.arch[0], args.model, args.tp, args.all, args.m, args.out))
+        except (ModelError, PlanError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if not args.shapes:
+        print("error: plan needs --shapes FILE, --model SLUG or --all", file=sys.stderr)
+        return 2
     for arch in args.arch:
         path = plan_path(arch)
         if path.exists() and not args.force:
@@ -145,9 +156,14 @@ def parser() -> argparse.ArgumentParser:
     e = sub.add_parser("env", help="GPU, driver, manifest in use, variants loaded and refused")
     e.set_defaults(func=cmd_env)
 
-    pl = sub.add_parser("plan", help="write heuristic (unmeasured) plan tables for the model's seed set")
+    pl = sub.add_parser("plan", help="heuristic (unmeasured) plan tables: a seed set (--shapes) or catalogue models")
     pl.add_argument("--arch", type=_archs, default=_archs(all_archs))
-    pl.add_argument("--shapes", required=True, help="the model's shapes file (glm53-flash-shapes.json)")
+    pl.add_argument("--shapes", help="the model's shapes file (glm53-flash-shapes.json): writes kernels/plans/<arch>.json")
+    pl.add_argument("--model", help="a catalogue slug (kernels/models/<slug>.json): report its BF16 cells' heuristic entries")
+    pl.add_argument("--all", action="store_true", help="every catalogue model at every TP it lists")
+    pl.add_argument("--tp", type=int, nargs="+", help="with --model/--all: only these TP sizes (default: every TP listed)")
+    pl.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="token counts (default 1 2 4 8 16)")
+    pl.add_argument("--out", type=Path, help="with --model/--all: write the heuristic plan table here (never the committed one)")
     pl.add_argument("--force", action="store_true", help="replace an existing plan table")
     pl.set_defaults(func=cmd_plan)
 

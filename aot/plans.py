@@ -150,3 +150,116 @@ def heuristic_table(arch: str, shapes_file: Path) -> str:
         for n, k, m in seed_shapes(arch, shapes_file)
     ]
     return render(header, entries)
+
+
+# The token counts the catalogue is planned for: vLLM's decode graph sizes up to 16 (catalogue.json).
+CATALOGUE_MS = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class CatalogueCell:
+    """One (n, k, m) cell of catalogue models: whether any layer using it has a bias, and which layers use it."""
+
+    n: int
+    k: int
+    m: int
+    bias: bool
+    uses: tuple[str, ...]
+
+
+def catalogue_cells(model_tps: list[tuple[str, int]], ms=CATALOGUE_MS) -> list[CatalogueCell]:
+    """The cells of the BF16 candidate linears of (model slug, tp) pairs at token counts ``ms``, merged by shape."""
+    from . import models
+
+    found: dict = {}
+    for slug, tp in model_tps:
+        data = models.load(slug)
+        if tp not in models.tps(data):
+            raise PlanError(f"{slug}: no shapes at TP {tp} (it lists {models.tps(data)})")
+        for lin in models.linears(data, tp):
+            if lin.skip_reason is None:
+                bias, uses = found.get((lin.n, lin.k), (False, ()))
+                found[(lin.n, lin.k)] = (bias or lin.bias, (*uses, f"{slug}@tp{tp}:{lin.name}"))
+    return [CatalogueCell(n, k, m, bias, tuple(sorted(uses))) for (n, k), (bias, uses) in sorted(found.items())
+            for m in sorted(ms)]
+
+
+def _heuristic_or_reason(cell: CatalogueCell) -> tuple[KernelConfig | None, str | None]:
+    """heuristic_config for one cell, or why it cannot serve it (its rule); a biased cell asks for a bias config."""
+    import inspect
+
+    kwargs = {}
+    if cell.bias:
+        if "bias" not in inspect.signature(heuristic_config).parameters:
+            return None, "bias: heuristic_config in this tree makes no bias config"
+        kwargs["bias"] = True
+    try:
+        return heuristic_config(cell.n, cell.k, cell.m, **kwargs), None
+    except (PlanError, ConfigError) as exc:
+        return None, str(exc)
+    except (ValueError, ArithmeticError, TypeError) as exc:  # the planner must report, never raise
+        return None, f"heuristic_config failed: {type(exc).__name__}: {exc}"
+
+
+def catalogue_plan(cells: list[CatalogueCell]) -> tuple[list[PlanEntry], dict]:
+    """Heuristic entries for the cells heuristic_config serves, and {(n, k, m): reason} for the others (left to cuBLAS)."""
+    entries, reasons = [], {}
+    for cell in cells:
+        cfg, reason = _heuristic_or_reason(cell)
+        if cfg is None:
+            reasons[(cell.n, cell.k, cell.m)] = reason
+        else:
+            prov = {"kind": "heuristic", "rule": HEURISTIC_RULE, "uses": list(cell.uses)}
+            entries.append(PlanEntry(cell.n, cell.k, cell.m, cfg, prov))
+    return entries, reasons
+
+
+def catalogue_table(arch: str, entries: list[PlanEntry], what: str) -> str:
+    """A plan table of catalogue entries (heuristic: built and verified in CI, shipped only once measured)."""
+    header = {
+        "arch": arch,
+        "capability": list(CAPABILITY_FOR_ARCH[arch]),
+        "dtype": "bfloat16",
+        "source": f"catalogue ({what}), kernels/models; heuristic, no measurements yet",
+    }
+    return render(header, entries)
+
+
+def catalogue_report(entries: list[PlanEntry], reasons: dict) -> str:
+    """Lines for `plan --model`: the counts, then each cell left to cuBLAS with its rule."""
+    cells = len(entries) + len(reasons)
+    variants = len({e.config for e in entries})
+    lines = [f"{cells} cells: {len(entries)} heuristic entries ({variants} variants), {len(reasons)} left to cuBLAS"]
+    lines += [f"  no plan ({n}, {k}) m={m}: {why}" for (n, k, m), why in sorted(reasons.items())]
+    return "\n".join(lines)
+
+
+def model_tps(model: str | None, tps: list[int] | None, every: bool) -> list[tuple[str, int]]:
+    """(slug, tp) pairs of a `--model SLUG [--tp N ...]` or `--all [--tp N ...]` request (default: every TP a model
+    lists; with --all, a model without an asked TP is left out of it)."""
+    from . import models
+
+    slugs = sorted(models.catalogue()) if every else [model]
+    pairs = []
+    for slug in slugs:
+        listed = models.tps(models.load(slug))
+        for tp in tps or listed:
+            if tp in listed:
+                pairs.append((slug, tp))
+            elif not every:
+                raise PlanError(f"{slug}: no shapes at TP {tp} (it lists {listed})")
+    if not pairs:
+        raise PlanError(f"no catalogue model lists TP {tps}")
+    return pairs
+
+
+def plan_models(arch: str, model: str | None, tps: list[int] | None, every: bool, ms, out: Path | None) -> str:
+    """`plan --model/--all`: heuristic entries for catalogue cells (written to ``out`` if given) and the report."""
+    pairs = model_tps(model, tps, every)
+    entries, reasons = catalogue_plan(catalogue_cells(pairs, ms))
+    text = catalogue_report(entries, reasons)
+    if out:
+        what = "all models" if every else ", ".join(f"{s} tp{tp}" for s, tp in pairs)
+        Path(out).write_text(catalogue_table(arch, entries, what))
+        text += f"\nwrote {out} (heuristic entries: build and verify them; a wheel ships only measured ones)"
+    return text

@@ -35,8 +35,10 @@ import json
 import sys
 from pathlib import Path
 
-from ..kernels.config import MAX_M, MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
+from ..kernels.config import MAX_M, KernelConfig
 from ..runtime.manifest import dumps
+from . import candidates as _candidates
+from .candidates import cell_rows, max_candidates, resident_ctas, spaces
 from .decode_phase import (  # noqa: F401 (decode_phase, family and the constants are re-exported)
     DECODE_PASSES,
     DECODE_TOP,
@@ -55,191 +57,24 @@ VLLM_GRAPH_MS = (1, 2, 4, 8, 16)
 WIDE_MS = tuple(m for m in VLLM_GRAPH_MS if m <= MAX_M)
 
 
-# The mma kernel's pipelines, (cols, stages) at unroll 1: 4, 8 or 16 loads of 512 bytes
-# (one 16-byte load per lane) in flight per warp, 40-140 registers on sm_90a.
-# (32, 4) took 96-128 registers and spilled: dropped. (8, 16) lets one warp
-# hold a whole 512-k range of its 8 rows, 15 loads of it issued before the PDL wait.
-MMA_PIPES = ((8, 4), (8, 8), (8, 16), (16, 2), (16, 4), (32, 2))
-# L2 fetch per weight load: 128 B beat v3's 256 B by 3-9% on 4096x2048..6416x4096,
-# no hint won 4096x1536 (docs/perf.md v4). The L2 bulk prefetch never made a
-# decode-step pick for the mma kernel in the v4 sweep: it is no longer timed there.
-MMA_FETCH = (256, 128, 0)
-# Most candidates `candidates` gives one cell of the sm_90a seed set (38720x4096 at M=1: 410).
-MAX_CANDIDATES = 480
-# SMs of the H200 (and H100 SXM), for the persistent grids below.
-H200_SMS = 132
-# Cluster-split mma (v6): K shared by the CTAs of a cluster. Its first sweep (8 cells,
-# splits 2/4/8, K splits 64-512 threads) won with 2 or 4 CTAs of 64-256 threads; 8 never
-# placed in a cell's top five (docs/perf.md v6).
-SPLIT_PIPES = ((8, 4), (8, 8), (16, 2), (16, 4))
-SPLIT_FETCH = (256, 128)
+# Candidate generation lives in aot/candidates.py (the spaces are data: kernels/candidates.json);
+# these names stay importable from here for the tuner's callers and tests.
+MAX_CANDIDATES = max_candidates()
+H200_SMS = spaces()["sms"]
+SLICE_MAX_TRIPS = dict(next(s for s in spaces()["spaces"] if s["name"] == "slice")["rules"])["max_k_trips"]
+_resident_ctas = resident_ctas
+candidates = _candidates.candidates
+slice_candidates = _candidates.slice_candidates
+persist_candidates = _candidates.persist_candidates
 
 
-# Persistent SIMT (v7): grids of 4-8 CTAs per SM of the H200's 132 that walk the row groups.
-# Its first sweep (M=1, 8 cells, grids of 2/4/6/8 per SM) won with 4 and 6 per SM, never 2.
-PERSIST_GRIDS = (528, 660, 792, 924, 1056)
+# The H200's measuring rate in `tune measure`, for prepare's estimate: 2902-3307 timings took about 2 minutes per run.
+TIMINGS_PER_S = 27
 
 
-def persist_candidates(n: int, k: int, m: int, grids=PERSIST_GRIDS) -> list[KernelConfig]:
-    """The persistent SIMT configs for one cell whose grid is capped and can be resident at once on the H200."""
-    found = []
-    for grid in grids:
-        for k_threads in (64, 128, 256):
-            for cols in (1, 2):
-                for unroll in (2, 4):
-                    cfg = KernelConfig(m=m, kind="simt", threads=256, k_threads=k_threads, cols=cols, unroll=unroll,
-                                       prefetch=False, early=True, persist=grid)
-                    capped = n // cfg.cols_per_cta > grid
-                    if _valid(cfg, n, k) and capped and grid <= H200_SMS * _resident_ctas(cfg):
-                        found.append(cfg)
-    return found
-
-
-def _resident_ctas(cfg: KernelConfig) -> int:
-    """CTAs of ``cfg`` one sm_90 SM holds at once: 2048 threads, 64K registers (an estimate: the
-    config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps)."""
-    regs = -(-(cfg.register_rule[0] + 24) // 8) * 8
-    return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs))
-
-
-def split_candidates(n: int, k: int, m: int, splits=(2, 4), k_threads_set=(64, 128, 256)) -> list[KernelConfig]:
-    """The cluster-split mma configs for one cell: every split, pipeline, K split and fetch size that is valid."""
-    found = []
-    for split in splits:
-        for cols, stages in SPLIT_PIPES:
-            for k_threads in k_threads_set:
-                for fetch in SPLIT_FETCH:
-                    cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=cols, unroll=1,
-                                       stages=stages, prefetch=False, fetch=fetch, split=split)
-                    if _valid(cfg, n, k):
-                        found.append(cfg)
-    return found
-
-
-# M >= 2 (v9): mma CTAs of 2 or 4 row groups (at most 512 threads), the mma analogue of v8's
-# SIMT CTA shapes. (Clusters of 8 one- or two-warp CTAs, each with a whole 512-k slice in
-# flight, were timed in the same run: 1.4-1.6x slower than the best mma on every K=4096 shape.)
-MMA_GROUPS = (2, 4)
-GROUP_FETCH = (256, 128)
-
-
-def group_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """The multi-group mma configs for one cell: per pipeline and K split, CTAs of 2 or 4 row groups."""
-    found = []
-    for cols, stages in MMA_PIPES:
-        for k_threads in (32, 64, 128, 256):
-            for groups in MMA_GROUPS:
-                for fetch in GROUP_FETCH:
-                    cfg = KernelConfig(m=m, kind="mma", threads=k_threads * groups, k_threads=k_threads, cols=cols,
-                                       unroll=1, stages=stages, prefetch=False, fetch=fetch)
-                    if cfg.threads <= 512 and _valid(cfg, n, k):
-                        found.append(cfg)
-    return found
-
-
-# Sliced mma (v15): tiles of 8 / slices rows x slices K slices. Its first sweep (8 cells,
-# 760 configs) won every K=4096 cell at M=1..4 with CTAs of at most 4 K-loop trips. A wider
-# sweep of three M=1 cells (813 configs) then won with 4 tiles per CTA and 512 threads
-# (4096x4096 8.47 -> 8.06 us), and fetch 0 or 128 B beat 256 on every sliced winner.
-SLICE_CHOICES = (2, 4, 8)
-SLICE_TILES = (1, 2, 4)
-SLICE_K_THREADS = (64, 128, 256, 512)
-SLICE_STAGES = (2, 4, 8)
-SLICE_FETCH = (128, 0)
-SLICE_MAX_TRIPS = 4
-
-
-def slice_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """The sliced mma configs for one cell: every slice count the cell's M allows, 1, 2 or 4 tiles of rows, short CTAs."""
-    found = []
-    for slices in SLICE_CHOICES:
-        for cols in (MMA_ROWS // slices * tiles for tiles in SLICE_TILES):
-            for k_threads in SLICE_K_THREADS:
-                for stages in SLICE_STAGES:
-                    for fetch in SLICE_FETCH:
-                        cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=cols,
-                                           unroll=1, stages=stages, prefetch=False, fetch=fetch, slices=slices)
-                        if _valid(cfg, n, k) and k // cfg.k_step <= SLICE_MAX_TRIPS:
-                            found.append(cfg)
-    return found
-
-
-def candidates(n: int, k: int, m: int) -> list[KernelConfig]:
-    """Candidate configs for one cell (at most MAX_CANDIDATES): the pipelined mma kernel (also cluster-split, sliced and, at M >= 2, several row groups per CTA), the SIMT kernel (also persistent).
-
-    mma: per pipeline, every K split (warps per row tile) that divides K,
-    each with every L2 fetch size in MMA_FETCH. Less K split leaves HBM idle; more
-    shortens each warp's stream, which pays where the grid runs in several
-    waves: a last, partial wave is latency-bound, so its warps should be
-    short. (v3 kept four splits around the one putting 48 KB in flight per SM;
-    the winners sat at both ends of that window, so now all are timed.) One
-    row group per CTA keeps every N divisible by 8 valid (3336 = 8 * 417);
-    at M >= 2 also 2 or 4 per CTA (group_candidates).
-    """
-    found = []
-    for cols, stages in MMA_PIPES:
-        for k_threads in (32, 64, 128, 256, 512):
-            for fetch in MMA_FETCH:
-                cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=cols, unroll=1,
-                                   stages=stages, prefetch=False, fetch=fetch)
-                if _valid(cfg, n, k):
-                    found.append(cfg)
-    found += split_candidates(n, k, m)
-    found += slice_candidates(n, k, m)
-    if m >= 2:
-        found += group_candidates(n, k, m)
-    if m <= 2:
-        found += persist_candidates(n, k, m)
-    # The bulk-copy kernel (kind "bulk", v5) is not a candidate: any bulk pick made the whole
-    # decode step ~50 us slower (TP8 M=4: one cell on bulk 799-800 us, none 741-747, both
-    # 792; docs/perf.md v9), whatever its count of calls, and the decode phase, which changes
-    # one cell at a time, cannot leave that state once two cells are on bulk.
-    # The SIMT kernel wastes nothing on token padding and can give one CTA a
-    # single column: it stays in the race at small M and for tiny N. (4
-    # columns per group won 2 of 52 cells by under 2%: dropped.)
-    # Each with one of three starts: L2 prefetch, nothing, or the first trip's
-    # weight loads issued before the PDL wait (`early`).
-    # At M=1, also 4 loads per thread in flight (twice the bytes per CTA of the default 2),
-    # and CTAs of 128 and 512 threads: inside the decode step the CTA shape moved the TP8
-    # step by up to 19 us at equal isolated speed (perf.md v7 sweep); 128 and 512 threads
-    # took 10 of the 13 M=1 cells and 14 us off the TP4 step; 64 and 1024 took none (perf.md v8).
-    simt = []
-    unrolls = (2 if k >= 1024 else 1,) + ((4,) if m == 1 and k >= 2048 else ())
-    for threads in (128, 256, 512) if m == 1 else (256,):
-        for k_threads in (16, 32, 64, 128, 256):
-            for cols in (1, 2):
-                for unroll in unrolls:
-                    for prefetch, early in ((True, False), (False, False), (False, True)):
-                        cfg = KernelConfig(m=m, kind="simt", threads=threads, k_threads=k_threads, cols=cols,
-                                           unroll=unroll, prefetch=prefetch, early=early)
-                        if k_threads <= threads and _valid(cfg, n, k):
-                            simt.append(cfg)
-    # Too few CTAs leave most of the 132 SMs idle: keep configs within 4x of the
-    # most CTAs any candidate reaches (all of them for tiny N such as 160).
-    if simt:
-        most = max(n // c.cols_per_cta for c in simt)
-        found += [c for c in simt if n // c.cols_per_cta * 4 >= min(most, 528)]
-    return found
-
-
-def _valid(cfg: KernelConfig, n: int, k: int) -> bool:
-    """Whether ``cfg`` passes the config check for this shape."""
-    try:
-        cfg.check(n=n, k=k)
-    except ConfigError:
-        return False
-    return True
-
-
-def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None, ms: list[int] | None = None,
-            twins: bool = True) -> str:
-    """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary line.
-
-    ``ms`` keeps only the cells of those token counts (the decode phase ranks each M on its own); a
-    vLLM CUDA-graph size the kernels can run (`WIDE_MS`) may be asked for beyond the seed set's own.
-    """
+def _seed_cells(arch: str, shapes_file: Path, ms: list[int] | None) -> tuple[list, list]:
+    """A seed set's (n, k, m) cells (``ms`` keeps only those token counts) and its decode steps."""
     from . import plans
-    from .build import build_configs, main_summary
 
     seed = plans.seed_shapes(arch, shapes_file)
     seed_ms = {c[2] for c in seed}
@@ -253,21 +88,56 @@ def prepare(arch: str, shapes_file: Path, out: Path, jobs: int | None = None, ms
                          f" nor a vLLM graph size the kernels run {list(WIDE_MS)}")
     cells = [c for c in seed if not ms or c[2] in ms]
     cells += sorted({(n, k, m) for n, k, _ in seed for m in wide})
-    # The decode phase runs in the model file's served step (aot/decode_phase.py), where PDL is a
-    # per-entry choice: every candidate then also has its no-PDL twin.
+    # The decode phase runs in the model file's served step (aot/decode_phase.py).
     decode = served_steps(arch, shapes_file, sorted({c[2] for c in cells}))
-    rows, configs = [], set()
-    for n, k, m in cells:
-        cands = candidates(n, k, m)
-        if decode and twins:
-            cands = cands + no_pdl_twins(cands, n, k)
-        rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
-        configs.update(cands)
+    return cells, decode
+
+
+def _with_twins(cands: list, n: int, k: int) -> list:
+    """The candidates and their no-PDL twins (PDL is a per-entry choice of the served-step decode phase)."""
+    return cands + no_pdl_twins(cands, n, k)
+
+
+def _catalogue_cells(model: str | None, tps: list[int] | None, every: bool, ms: list[int] | None) -> list:
+    """Catalogue models' BF16 (n, k, m, bias) cells at ``ms`` (default M 1, 2, 4, 8, 16)."""
+    from . import plans
+
+    found = plans.catalogue_cells(plans.model_tps(model, tps, every), ms or plans.CATALOGUE_MS)
+    return [(c.n, c.k, c.m, c.bias) for c in found]
+
+
+def prepare(arch: str, shapes_file: Path | None, out: Path, jobs: int | None = None, ms: list[int] | None = None,
+            model: str | None = None, tps: list[int] | None = None, every: bool = False, top: int | None = None,
+            per_family: int = 2, twins: bool = True) -> str:
+    """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary.
+
+    The cells are an arch's seed set (``shapes_file``: a model file; a vLLM CUDA-graph size the kernels
+    run, `WIDE_MS`, may be asked for beyond the seed set's own token counts) or catalogue models' BF16
+    (n, k, m, bias) cells (``model``/``tps`` or ``every``; M 1, 2, 4, 8, 16 by default). ``ms`` keeps only
+    the cells of those token counts (the decode phase ranks each M on its own); ``top`` cuts each cell's
+    candidates with the cost model. Where the model file has a served step, PDL is a per-entry choice
+    of the decode phase: each candidate kept also gets its no-PDL twin (``twins``). Catalogue cells get
+    no decode phase here.
+    """
+    from .build import build_configs, main_summary
+
+    if model or every:
+        cells, decode = _catalogue_cells(model, tps, every, ms), []
+    elif shapes_file:
+        cells, decode = _seed_cells(arch, shapes_file, ms)
+    else:
+        raise ValueError("prepare needs --shapes FILE, --model SLUG or --all")
+    rows, skipped = cell_rows(cells, top, per_family, extend=_with_twins if decode and twins else None)
+    configs = {KernelConfig.from_json(c) for r in rows for c in r["candidates"]}
     out.mkdir(parents=True, exist_ok=True)
     (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows, "decode": decode}))
     result = build_configs(arch, configs, [], out / arch, out / CELLS_FILE, jobs=jobs)
-    note = "" if decode else f"; no decode phase ({Path(shapes_file).name} has no served step for the {arch} set)"
-    return f"{len(rows)} cells, {sum(len(r['candidates']) for r in rows)} timings; " + main_summary(result) + note
+    timings = sum(len(r["candidates"]) + 1 for r in rows)  # + cuBLAS per cell
+    note = "" if decode or model or every else f"; no decode phase ({Path(shapes_file).name} has no served step for the {arch} set)"
+    lines = [f"{len(rows)} cells, {timings} timings with cuBLAS (about {timings / TIMINGS_PER_S / 60:.1f} min of "
+             f"H200 time before any decode phase); " + main_summary(result) + note]
+    lines += [f"  no candidates ({n}, {k}) m={m}: {why}" for (n, k, m), why in sorted(skipped.items())]
+    return "\n".join(lines)
 
 
 def measure(
@@ -453,16 +323,23 @@ def add_arguments(p) -> None:
     sub.required = True
     pr = sub.add_parser("prepare", help="generate and compile candidates (CPU, needs nvidia-cutlass-dsl)")
     pr.add_argument("--arch", default="sm_90a")
-    pr.add_argument("--shapes", required=True, type=Path,
+    pr.add_argument("--shapes", type=Path,
                     help="the model file (kernels/models/glm-5.3-flash.json): its seed set gives the cells, its "
                     "served step (the 'step' key) the decode phase; a file without a step skips that phase")
-    pr.add_argument("--out", required=True, type=Path, help="candidate directory to create")
-    pr.add_argument("--jobs", type=int)
-    pr.add_argument("--m", type=int, nargs="+", metavar="M",
-                    help="only the cells of these token counts (default: every M of the seed set)")
     pr.add_argument("--no-pdl-twins", dest="twins", action="store_false",
                     help="do not add each candidate's no-PDL twin (added by default where the model file has a "
                     "served step: PDL is then a per-entry choice of the decode phase)")
+    pr.add_argument("--model", help="instead: a catalogue slug (kernels/models/<slug>.json), its BF16 cells")
+    pr.add_argument("--all", action="store_true", help="instead: every catalogue model at every TP it lists")
+    pr.add_argument("--tp", type=int, nargs="+", help="with --model/--all: only these TP sizes")
+    pr.add_argument("--top", type=int, metavar="N",
+                    help="time only each cell's N best candidates by the cost model (plus the best of each family)")
+    pr.add_argument("--per-family", type=int, default=2, metavar="F",
+                    help="with --top: also each kernel family's F best predicted (default 2)")
+    pr.add_argument("--out", required=True, type=Path, help="candidate directory to create")
+    pr.add_argument("--jobs", type=int)
+    pr.add_argument("--m", type=int, nargs="+", metavar="M",
+                    help="only the cells of these token counts (default: every M of the seed set; catalogue: 1 2 4 8 16)")
     me = sub.add_parser("measure", help="check and time candidates vs cuBLAS (GPU, from the installed wheel)")
     me.add_argument("dir", type=Path, help="a directory made by `tune prepare`")
     me.add_argument("--results", required=True, type=Path, help="results JSON to write")
@@ -476,6 +353,12 @@ def add_arguments(p) -> None:
     me.add_argument("--decode-read-cap", type=_at_least_one, metavar="MB",
                     help="cap each read stand-in of the served step (attention, KDA, MoE, FP8 weights) at MB "
                     "megabytes: the ops stay between the GEMMs, their time and noise shrink (default: the step's bytes)")
+    mf = sub.add_parser("model-fit", help="refit the cost model on the committed H200 timings (CPU, numpy)")
+    mf.add_argument("--out", type=Path, help="model JSON to write (default: the committed one next to the timings)")
+    mc = sub.add_parser("model-check", help="how well the cost model predicts held-out timings (held out by shape)")
+    mc.add_argument("--json", type=Path, help="also write the per-cell results here")
+    mc.add_argument("--by", choices=("shape", "m"), default="shape",
+                    help="hold out each (N, K) (default) or each token count M (how it extrapolates in M)")
     wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
     wr.add_argument("results", type=Path, nargs="+",
                     help="results of `tune measure`; with several, a later file's cells replace an earlier one's")
@@ -495,7 +378,15 @@ def main(args) -> int:
     """Run one tuning phase; a bad request (unknown M, results of two archs, no cells) is one line on stderr, exit 2."""
     try:
         if args.phase == "prepare":
-            print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m, args.twins))
+            print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m, args.model, args.tp, args.all,
+                          args.top, args.per_family, args.twins))
+        elif args.phase in ("model-fit", "model-check"):
+            from . import costmodel
+
+            if args.phase == "model-fit":
+                print(costmodel.main(args.phase, args.out))
+            else:
+                print(costmodel.main(args.phase, args.json, args.by))
         elif args.phase == "measure":
             data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top,
                            decode_passes=args.decode_passes, read_cap_mb=args.decode_read_cap)
@@ -503,7 +394,7 @@ def main(args) -> int:
         else:
             path, planned, skipped = write_plan(args.results, args.min_speedup)
             print(f"wrote {path}: {planned} cells planned, {skipped} left on cuBLAS")
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"skinny-gemm tune {args.phase}: error: {exc}", file=sys.stderr)
         return 2
     return 0
