@@ -3,12 +3,12 @@ loader (driver faked) and from ``env``; it refuses that variant or that manifest
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import zipfile
 
 import pytest
-
 from helpers.artifacts import (
     MANIFEST_DAMAGE,
     VARIANT_DAMAGE,
@@ -179,7 +179,7 @@ def test_manifest_fields_typed_in_every_record(fresh, art):
     """A number where a string belongs in the second variant: only that variant goes, with a line naming it."""
     data = manifest_of(art)
     data["variants"][1]["symbol"] = 7
-    (art / "sm_90a" / MANIFEST_NAME).write_text(__import__("json").dumps(data))
-    lines = loader_lines(fresh)
-    assert lines == [f"{art / 'sm_90a' / data['variants'][1]['file']}: field 'symbol' is 7, must be "
-                     f"'{data['variants'][1]['id'].join(['skinny_', '_0'])}' (its config's symbol)"]
+    (art / "sm_90a" / MANIFEST_NAME).write_text(json.dumps(data))
+    v = data["variants"][1]
+    expected = f"{art / 'sm_90a' / v['file']}: field 'symbol' is 7, must be 'skinny_{v['id']}_0' (its config's symbol)"
+    assert loader_lines(fresh) == [expected]
