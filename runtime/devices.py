@@ -262,7 +262,7 @@ class DeviceTable:
         return problems
 
     def plans(self, n: int | None = None, k: int | None = None) -> dict[tuple[int, int, int], Variant]:
-        """Planned (n, k, m) -> variant that passes the host checks (made now for those variants), optionally one (n, k).
+        """Planned (n, k, m) -> variant passing the host checks (made now for those variants); optionally one (n, k).
 
         Driver-side binding is not attempted: a key the driver will refuse at its first call is still listed.
         """

@@ -201,6 +201,15 @@ def _show(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _block_ok(value) -> bool:
+    return (
+        type(value) is list
+        and len(value) == 3
+        and all(_is_int(b, 1, MAX_THREADS) for b in value)
+        and value[0] * value[1] * value[2] <= MAX_THREADS
+    )
+
+
 def _params_ok(value) -> bool:
     return type(value) is list and [tuple(p) if type(p) is list else p for p in value] == list(PARAMS) and all(
         type(p[1]) is int and type(p[2]) is int for p in value
@@ -231,12 +240,15 @@ def _manifest(path: Path, raw, expected_version, expected_arch) -> Manifest:
     if expected_arch is not None and arch != expected_arch:
         raise ManifestError(f"manifest is for {arch}, expected {expected_arch}")
     cap = raw.get("capability")
-    if not (type(cap) is list and len(cap) == 2 and all(type(c) is int for c in cap)) or tuple(cap) != CAPABILITY_FOR_ARCH[arch]:
+    cap_ok = type(cap) is list and len(cap) == 2 and all(type(c) is int for c in cap)
+    if not cap_ok or tuple(cap) != CAPABILITY_FOR_ARCH[arch]:
         raise ManifestError(f"capability {_show(cap)} does not match arch {arch}")
     abi = raw.get("abi")
     params = abi.get("params") if type(abi) is dict else None
     if not _params_ok(params) or abi.get("bytes") != PARAM_BYTES or type(abi.get("bytes")) is not int:
-        raise ManifestError(f"parameter ABI {_show(abi)} differs from this runtime's {list(PARAMS)} ({PARAM_BYTES} bytes)")
+        raise ManifestError(
+            f"parameter ABI {_show(abi)} differs from this runtime's {list(PARAMS)} ({PARAM_BYTES} bytes)"
+        )
     _field(raw, "dtype", lambda v: v == "bfloat16", "'bfloat16'")
     for key in ("plan_file",):
         _field(raw, key, _is_text, "a string")
@@ -254,7 +266,9 @@ def _manifest(path: Path, raw, expected_version, expected_arch) -> Manifest:
         if type(rec) is not dict:
             raise ManifestError(f"variants[{i}] is {_show(rec)}, must be an object")
         vid = _field(rec, "id", lambda v: _is_text(v) and v, "a non-empty string", where=f"variants[{i}] ")
-        name = _field(rec, "file", plain_name, "a plain file name inside the artifact folder", where=f"variant {vid!r} ")
+        name = _field(
+            rec, "file", plain_name, "a plain file name inside the artifact folder", where=f"variant {vid!r} "
+        )
         if vid in records:
             raise ManifestError(f"variant id {vid!r} appears twice")
         if name == MANIFEST_NAME or name in files.values():
@@ -267,7 +281,9 @@ def _manifest(path: Path, raw, expected_version, expected_arch) -> Manifest:
             raise ManifestError(f"plans[{i}] is {_show(p)}, must be an object")
         key = tuple(_field(p, f, lambda v: _is_int(v, 1, I32_MAX), f"an int in 1..{I32_MAX}", where=f"plans[{i}] ")
                     for f in ("n", "k", "m"))
-        vid = _field(p, "variant", lambda v: type(v) is str and v in records, "the id of a variant", where=f"plans[{i}] ")
+        vid = _field(
+            p, "variant", lambda v: type(v) is str and v in records, "the id of a variant", where=f"plans[{i}] "
+        )
         if key in plans:
             raise ManifestError(f"plan {key} appears twice")
         plans[key] = vid
@@ -291,11 +307,12 @@ def _variant(man: Manifest, vid: str) -> Variant:
     symbol = _field(rec, "symbol", lambda v: v == cfg.symbol, f"{cfg.symbol!r} (its config's symbol)", VariantError)
     sha = _field(rec, "sha256", _is_sha256, "a sha256 hex string", VariantError)
     size = _field(rec, "size", lambda v: _is_int(v, 64, CUBIN_CAP), f"an int in 64..{CUBIN_CAP}", VariantError)
-    block = _field(rec, "block", lambda v: type(v) is list and len(v) == 3 and all(_is_int(b, 1, MAX_THREADS) for b in v)
-                   and v[0] * v[1] * v[2] <= MAX_THREADS, f"three ints, at most {MAX_THREADS} threads", VariantError)
+    block = _field(rec, "block", _block_ok, f"three ints, at most {MAX_THREADS} threads", VariantError)
     grid = _field(rec, "grid", lambda v: type(v) is dict, "an object", VariantError)
     cols = _field(grid, "cols_per_cta", lambda v: _is_int(v, 1, I32_MAX), "a positive int", VariantError, "grid ")
-    cluster = _field(grid, "cluster", lambda v: _is_int(v, 1, MAX_CLUSTER), f"an int in 1..{MAX_CLUSTER}", VariantError, "grid ")
+    cluster = _field(
+        grid, "cluster", lambda v: _is_int(v, 1, MAX_CLUSTER), f"an int in 1..{MAX_CLUSTER}", VariantError, "grid "
+    )
     _field(grid, "persist", lambda v: v == cfg.persist, f"{cfg.persist} (its config's persist)", VariantError, "grid ")
     smem = _field(rec, "dynamic_smem", lambda v: _is_int(v, 0, MAX_DYNAMIC_SMEM), f"an int in 0..{MAX_DYNAMIC_SMEM}",
                   VariantError)

@@ -15,8 +15,15 @@ import warnings
 from pathlib import Path
 
 import pytest
-
-from helpers.artifacts import all_plans, bind_all, first_variant, manifest_of, plans_of, the_warning, write_manifest
+from helpers.artifacts import (
+    all_plans,
+    bind_all,
+    first_variant,
+    manifest_of,
+    plans_of,
+    the_warning,
+    write_manifest,
+)
 from helpers.fake_driver import FakeDriver, R
 from skinny_gemm.runtime import driver as driver_mod
 from skinny_gemm.runtime import elf, loader
@@ -227,7 +234,8 @@ def test_sm121_cubin_in_sm90a_manifest(fresh, art):
 
 def test_driver_no_binary_refused(fresh, art):
     v = first_variant(art)
-    msg = refusal(fresh, setup=lambda f: f.fail.update({f"cuLibraryLoadData:{v['symbol']}": R.CUDA_ERROR_NO_BINARY_FOR_GPU}))
+    fail = {f"cuLibraryLoadData:{v['symbol']}": R.CUDA_ERROR_NO_BINARY_FOR_GPU}
+    msg = refusal(fresh, setup=lambda f: f.fail.update(fail))
     assert v["file"] in msg and "CUDA_ERROR_NO_BINARY_FOR_GPU" in msg
     assert set(loader.DEVICES[0].table) == all_plans(art) - plans_of(art, v["id"])
 
@@ -281,7 +289,8 @@ def test_driver_reports_extra_param(fresh, art):
 
 def test_function_refused_at_bind(fresh, art):
     v = first_variant(art)
-    msg = refusal(fresh, setup=lambda f: f.fail.update({f"cuKernelGetFunction:{v['symbol']}": R.CUDA_ERROR_INVALID_IMAGE}))
+    fail = {f"cuKernelGetFunction:{v['symbol']}": R.CUDA_ERROR_INVALID_IMAGE}
+    msg = refusal(fresh, setup=lambda f: f.fail.update(fail))
     assert v["file"] in msg and "CUDA_ERROR_INVALID_IMAGE" in msg and "GPU 0" in msg
     assert set(loader.DEVICES[0].table) == all_plans(art) - plans_of(art, v["id"])
 

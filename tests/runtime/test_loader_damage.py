@@ -44,7 +44,8 @@ def test_variant_damage_same_line_everywhere(name, fresh, art):
     start = time.perf_counter()
     _, problems = verify.verify(art)
     assert time.perf_counter() - start < 1.0, "verify must not block (a FIFO in place of a cubin)"
-    assert len(problems) == 1 and problems[0].startswith(f"{arch_dir / v['file']}: ") and phrase in problems[0], problems
+    assert len(problems) == 1 and problems[0].startswith(f"{arch_dir / v['file']}: "), problems
+    assert phrase in problems[0], problems
     assert loader_lines(fresh) == problems
     assert set(loader.DEVICES[0].table) == all_plans(art) - plans_of(art, v["id"])
     assert set(loader.DEVICES[1].table) == all_plans(art, "sm_121"), "the other arch is untouched"

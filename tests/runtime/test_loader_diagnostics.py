@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 import skinny_gemm
-
+import torch
 from helpers.artifacts import first_variant
 from skinny_gemm.runtime import diagnostics, loader
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import random
 
 import pytest
+import skinny_gemm
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-
-import skinny_gemm
 from skinny_gemm.runtime import ops
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class PassThrough(TorchDispatchMode):
@@ -65,8 +64,8 @@ def random_args(rng: random.Random):
         else rng.choice(NOT_TENSORS)
     b = None if rng.random() < 0.6 else (tensor((n,) if rng.random() < 0.8 else (n + 1,)) if rng.random() < 0.9
                                          else rng.choice(NOT_TENSORS[1:]))
-    r = None if rng.random() < 0.4 else (tensor((*lead, n) if rng.random() < 0.7 else rng.choice([(n,), (1, n), (n + 1,)]))
-                                         if rng.random() < 0.75 else rng.choice(NOT_TENSORS[1:]))
+    r_shape = (*lead, n) if rng.random() < 0.7 else rng.choice([(n,), (1, n), (n + 1,)])
+    r = None if rng.random() < 0.4 else (tensor(r_shape) if rng.random() < 0.75 else rng.choice(NOT_TENSORS[1:]))
     return x, w, b, r
 
 
