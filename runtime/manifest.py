@@ -11,6 +11,7 @@ process runs, so a catalogue of a thousand variants costs one JSON parse.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -43,6 +44,12 @@ MAX_CLUSTER = 8
 MAX_DYNAMIC_SMEM = 228 * 1024
 MAX_TEXT = 4096
 SHA256_HEX = frozenset("0123456789abcdef")
+
+
+# The JSON type of each config field, from the dataclass (a float where an int belongs is refused here,
+# before any rule does arithmetic with it). A field of another type is left to the config's own check.
+_TYPES = {"int": int, "bool": bool, "str": str, int: int, bool: bool, str: str}
+CONFIG_TYPES = {f.name: _TYPES[f.type] for f in dataclasses.fields(KernelConfig) if f.type in _TYPES}
 
 
 class ManifestError(ValueError):
@@ -297,10 +304,15 @@ def _variant(man: Manifest, vid: str) -> Variant:
     rec = man.records[vid]
     where = ""
     cfg_raw = _field(rec, "config", lambda v: type(v) is dict, "an object", VariantError, where)
+    for name, kind in CONFIG_TYPES.items():
+        if name in cfg_raw and type(cfg_raw[name]) is not kind:
+            raise VariantError(f"config field {name!r} is {_show(cfg_raw[name])}, must be {kind.__name__}")
     try:
         cfg = KernelConfig.from_json(cfg_raw)
         cfg.check()
     except ConfigError as exc:
+        raise VariantError(f"invalid config: {exc}") from None
+    except (TypeError, ValueError, ArithmeticError) as exc:  # a rule that met a value it did not expect
         raise VariantError(f"invalid config: {exc}") from None
     if vid != cfg.name:
         raise VariantError(f"variant id {vid!r} does not match its config ({cfg.name})")

@@ -184,3 +184,42 @@ def test_manifest_fields_typed_in_every_record(fresh, art):
     v = data["variants"][1]
     expected = f"{art / 'sm_90a' / v['file']}: field 'symbol' is 7, must be 'skinny_{v['id']}_0' (its config's symbol)"
     assert loader_lines(fresh) == [expected]
+
+
+POOL = [None, "x", "", 1.5, -1, 0, 10**30, [], {}, True, [1, 2, 3], {"a": 1}]
+
+
+def test_every_field_of_every_kind_refused_cleanly(art):
+    """Each manifest, variant, config, grid and plan field replaced by values of the wrong type or size: the
+    validator returns or raises its own one-line error, never anything else (no traceback in verify or env)."""
+    import copy
+
+    from skinny_gemm.runtime.artifacts import open_dir
+
+    arch_dir = art / "sm_90a"
+    base = manifest_of(art)
+    vid = base["variants"][0]["id"]
+    places = [([], key) for key in base] + [(["variants", 0], key) for key in base["variants"][0]]
+    places += [(["variants", 0, "config"], key) for key in base["variants"][0]["config"]]
+    places += [(["variants", 0, "grid"], key) for key in base["variants"][0]["grid"]]
+    places += [(["plans", 0], key) for key in base["plans"][0]]
+    outcomes = {"ok": 0, "manifest": 0, "variant": 0}
+    for path, key in places:
+        for value in POOL:
+            data = copy.deepcopy(base)
+            node = data
+            for step in path:
+                node = node[step]
+            node[key] = value
+            (arch_dir / MANIFEST_NAME).write_text(json.dumps(data))
+            lib = open_dir(arch_dir, "sm_90a")
+            if lib.manifest is None:
+                assert lib.error.startswith(f"{arch_dir / MANIFEST_NAME}: ") and "\n" not in lib.error
+                outcomes["manifest"] += 1
+                continue
+            lines = lib.check_all()
+            assert all(line.startswith(str(arch_dir)) and "\n" not in line for line in lines), lines
+            outcomes["variant" if lines else "ok"] += 1
+            if path == ["variants", 0, "config"] and type(value) is not type(base["variants"][0]["config"][key]):
+                assert lib.check(vid) is None, f"config {key}={value!r} passed"
+    assert outcomes["manifest"] > 50 and outcomes["variant"] > 50, outcomes
