@@ -418,3 +418,39 @@ def test_cubin_sm_reads_the_elf_header(built):
     for junk in (b"\x7fELF" + b"\0" * 100, b"short"):
         with pytest.raises(elf.CubinError):
             elf.sm_of(junk)
+
+
+def test_first_call_inside_a_capture_loads_and_binds_in_relaxed_mode(fresh, art, monkeypatch):
+    """The lazy path inside a capture: cuLibraryLoadData and the binding calls all run in relaxed capture mode."""
+    modes = []
+
+    def setup(fake):
+        for name in ("cuLibraryLoadData", "cuKernelGetFunction"):
+            original = getattr(fake, name)
+
+            def spy(*args, _original=original, _name=name):
+                modes.append((_name, fake.capture_mode[0]))
+                return _original(*args)
+
+            setattr(fake, name, spy)
+
+    fake = fresh(setup=setup)
+    monkeypatch.setattr(driver_mod, "capturing", lambda: True)
+    key = min(all_plans(art))
+    assert loader.DEVICES[0].table.get(key) is not None
+    relaxed = int(fake.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)
+    assert modes == [("cuLibraryLoadData", relaxed), ("cuKernelGetFunction", relaxed)]
+    assert fake.capture_mode == [0], "the thread's capture mode is restored"
+
+
+def test_launch_table_is_a_lazy_mapping(fresh, art):
+    fresh()
+    table = loader.DEVICES[0].table
+    key = min(all_plans(art))
+    assert key in table and len(table) == len(all_plans(art)) and table.bound == {}, "membership binds nothing"
+    assert table[key] is table.get(key) is table.bound[key]
+    assert table.get((1, 1, 1)) is None and (1, 1, 1) not in table
+    with pytest.raises(KeyError):
+        table[(1, 1, 1)]
+    del table[key]
+    assert table.get(key) is None and key not in table, "a dropped key (a launch the driver refused) stays dropped"

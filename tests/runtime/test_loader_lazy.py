@@ -107,3 +107,18 @@ def test_synthetic_catalogue_refuses_only_what_is_called(fresh, art):
     messages = bind_all()
     assert len(messages) == 20 and all("sha256 mismatch" in m for m in messages)
     assert set(loader.DEVICES[0].table) == all_plans(art) - added
+
+
+def test_plan_for_checks_only_the_variants_of_its_shape(fresh, art, monkeypatch):
+    import skinny_gemm
+    import torch
+
+    add_catalogue(art / "sm_90a", 200)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    fresh()
+    reads = count_reads(monkeypatch)
+    n, k, m = min(all_plans(art))
+    assert skinny_gemm.plan_for(n, k, m) is not None
+    planned = {vid for key, vid in loader.DEVICES[0].library.manifest.plans.items() if key[:2] == (n, k)}
+    assert {path for path, _ in reads} == {str(art / "sm_90a" / f"{vid}.cubin") for vid in planned}
