@@ -84,6 +84,8 @@ class Library:
                 found = self.passed[vid] = _check_variant(self.manifest, vid)
             except VariantError as exc:
                 self.refused[file] = str(exc)
+            except Exception as exc:  # noqa: BLE001  (a check that failed itself refuses this variant only)
+                self.refused[file] = f"malformed variant ({type(exc).__name__}: {exc})"
             return found
 
     def check_all(self) -> list[str]:
@@ -112,6 +114,8 @@ def open_dir(directory: Path, arch: str | None, version: str | None = __version_
         lib.manifest = parse(path, expected_version=version, expected_arch=arch)
     except ManifestError as exc:
         lib.error = str(exc)
+    except Exception as exc:  # noqa: BLE001  (a check that failed itself refuses this manifest only)
+        lib.error = f"{path}: malformed manifest ({type(exc).__name__}: {exc})"
     return lib
 
 

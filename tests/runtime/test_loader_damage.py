@@ -223,3 +223,27 @@ def test_every_field_of_every_kind_refused_cleanly(art):
             if path == ["variants", 0, "config"] and type(value) is not type(base["variants"][0]["config"][key]):
                 assert lib.check(vid) is None, f"config {key}={value!r} passed"
     assert outcomes["manifest"] > 50 and outcomes["variant"] > 50, outcomes
+
+
+def test_a_check_that_fails_itself_refuses_only_its_own_file(fresh, art, monkeypatch):
+    """Belt and braces: an unexpected error inside a check refuses that manifest or variant, not the load."""
+    from skinny_gemm.runtime import artifacts as artifacts_mod
+    from skinny_gemm.runtime import manifest as manifest_mod
+
+    real = manifest_mod._manifest
+
+    def broken(path, raw, *args):
+        if raw.get("arch") == "sm_90a":
+            raise TypeError("unexpected")
+        return real(path, raw, *args)
+
+    monkeypatch.setattr(manifest_mod, "_manifest", broken)
+    lines = loader_lines(fresh)
+    assert lines == [f"{art / 'sm_90a' / MANIFEST_NAME}: malformed manifest (TypeError: unexpected)"]
+    assert set(loader.DEVICES[1].table) == all_plans(art, "sm_121")
+    monkeypatch.setattr(manifest_mod, "_manifest", real)
+    monkeypatch.setattr(artifacts_mod, "_check_variant", lambda man, vid: 1 / 0)
+    monkeypatch.setattr(loader, "STATE", loader.State())
+    monkeypatch.setattr(loader, "DEVICES", {})
+    lines = loader_lines(fresh)
+    assert lines and all("malformed variant (ZeroDivisionError" in line for line in lines)
