@@ -37,6 +37,11 @@ def cmd_build(args) -> int:
         except (BuildError, PlanError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        except ModuleNotFoundError as exc:  # the compile workers import the kernels, which import cutlass
+            if not (exc.name or "").startswith("cutlass"):
+                raise
+            print("error: build needs nvidia-cutlass-dsl (pip install nvidia-cutlass-dsl==4.8.1)", file=sys.stderr)
+            return 2
         print(main_summary(result))
     return 0
 
@@ -44,15 +49,17 @@ def cmd_build(args) -> int:
 def cmd_verify(args) -> int:
     """Check a build dir or wheel; one line per problem, non-zero exit if any."""
     try:
-        from .build import PACKAGE_ROOT
         from .verify import verify
     except ModuleNotFoundError as exc:
         # Seen after `pip install --no-deps`: the wheel declares these, a no-deps install skips them.
         print(f"error: verify needs {exc.name} (pip install {exc.name.replace('elftools', 'pyelftools')})", file=sys.stderr)
         return 2
 
+    from ..runtime.artifacts import artifacts_root
+
     status = 0
-    for path in args.paths or [PACKAGE_ROOT / "artifacts"]:
+    # No path: what the loader would load ($SKINNY_GEMM_ARTIFACTS or the package's artifacts).
+    for path in args.paths or [artifacts_root()]:
         archs, problems = verify(Path(path), tree=args.tree)
         for line in problems:
             print(f"FAIL {line}")
@@ -70,7 +77,12 @@ def cmd_list(args) -> int:
 
     for arch in args.arch:
         path = Path(args.plan) if args.plan else plan_path(arch)
-        _, entries = load(path)
+        try:
+            _, entries = load(path)
+        except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:  # PlanError is a ValueError
+            print(f"error: {exc}" if str(path) in str(exc) else f"error: {path}: not a plan table ({exc!r})",
+                  file=sys.stderr)
+            return 2
         print(f"# {arch}: {len(entries)} entries, {len({e.config for e in entries})} variants ({path.relative_to(PACKAGE_ROOT) if path.is_relative_to(PACKAGE_ROOT) else path})")
         print(f"{'n':>6} {'k':>6} {'m':>2}  {'variant':<42} provenance")
         for e in entries:
@@ -108,7 +120,12 @@ def cmd_plan(args) -> int:
         if path.exists() and not args.force:
             print(f"error: {path} exists; pass --force to replace it with heuristic entries", file=sys.stderr)
             return 2
-        path.write_text(heuristic_table(arch, Path(args.shapes)))
+        try:
+            text = heuristic_table(arch, Path(args.shapes))
+        except (ValueError, OSError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            print(f"error: {args.shapes}: no heuristic plan for {arch} from these shapes ({exc!r})", file=sys.stderr)
+            return 2
+        path.write_text(text)
         print(f"wrote {path}")
     return 0
 

@@ -1,23 +1,37 @@
-"""Verify a build directory or a wheel: every problem is one line; nothing is compiled, cutlass is not needed."""
+"""Verify a build directory or a wheel: every problem is one line; nothing is compiled, cutlass is not needed.
+
+The manifest and every variant go through the runtime's own checks
+(runtime/artifacts.py), so verify refuses exactly what the loader would, with
+the same line; on top it checks what only a build knows: the plan table and
+kernel sources the build was made from, and files the manifest does not name.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
 import tempfile
 import zipfile
-from pathlib import Path
+import zlib
+from pathlib import Path, PurePosixPath
 
-from ..runtime.manifest import MANIFEST_NAME, PARAMS, ManifestError, launch_problem, parse, sha256_file
-from . import cubin as cubin_mod
+from ..runtime.artifacts import artifacts_root, open_dir
+from ..runtime.files import MANIFEST_CAP, FileProblem, read_bounded
+from ..runtime.manifest import MANIFEST_NAME
 from .build import PACKAGE_ROOT, source_digest
+
+# What a wheel may unpack to: its entries are checked against these before anything is written.
+WHEEL_ENTRY_CAP = 64 * 1024 * 1024
+WHEEL_TOTAL_CAP = 512 * 1024 * 1024
 
 
 def _tree_version(root: Path) -> str | None:
     """The package version as the tree at ``root`` declares it (runtime/version.py)."""
     try:
-        text = (root / "runtime" / "version.py").read_text()
-    except OSError:
+        text = read_bounded(root / "runtime" / "version.py", MANIFEST_CAP).decode("utf-8", "replace")
+    except FileProblem:
         return None
     found = re.search(r'__version__\s*=\s*"([^"]+)"', text)
     return found.group(1) if found else None
@@ -27,74 +41,75 @@ def verify_arch_dir(arch_dir: Path, tree: Path) -> list[str]:
     """Check one ``<arch>/`` folder against the source tree it claims to be built from."""
     arch_dir = Path(arch_dir)
     where = arch_dir.name
+    lib = open_dir(arch_dir, where, version=_tree_version(tree))
+    if lib.manifest is None:
+        return [lib.error]
+    raw = lib.manifest.raw
     problems: list[str] = []
-    if not (arch_dir / MANIFEST_NAME).is_file():
-        return [f"{arch_dir}: no {MANIFEST_NAME} (an interrupted or missing build)"]
+    plan_file = tree / raw["plan_file"]
     try:
-        man = parse(arch_dir / MANIFEST_NAME, expected_version=_tree_version(tree), expected_arch=where)
-    except ManifestError as exc:
-        return [str(exc)]
-    raw = man.raw
-    plan_file = tree / raw.get("plan_file", "")
-    if not plan_file.is_file():
-        problems.append(f"{where}: plan table {raw.get('plan_file')} not found in {tree}")
-    elif hashlib.sha256(plan_file.read_bytes()).hexdigest() != raw.get("plan_sha256"):
-        problems.append(f"{where}: stale build: {raw.get('plan_file')} changed after the build (plan_sha256 differs)")
+        plan_blob = read_bounded(plan_file, MANIFEST_CAP)
+    except FileProblem as exc:
+        problems.append(f"{where}: plan table {raw['plan_file']} in {tree}: {exc}")
+    else:
+        if hashlib.sha256(plan_blob).hexdigest() != raw["plan_sha256"]:
+            problems.append(f"{where}: stale build: {raw['plan_file']} changed after the build (plan_sha256 differs)")
     try:
-        if source_digest(tree) != raw.get("source_sha256"):
+        if source_digest(tree) != raw["source_sha256"]:
             problems.append(f"{where}: stale build: kernel sources changed after the build (source_sha256 differs)")
     except OSError as exc:
         problems.append(f"{where}: kernel sources missing in {tree} ({exc})")
-    expected_params = [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
-    for variant in man.variants.values():
-        path = arch_dir / variant.file
-        launch = launch_problem(variant)
-        if launch:
-            problems.append(f"{path}: {launch}")
-        if not path.is_file():
-            problems.append(f"{path}: missing (variant {variant.id})")
-            continue
-        if sha256_file(path) != variant.sha256 or path.stat().st_size != variant.size:
-            problems.append(f"{path}: sha256 mismatch (corrupted or replaced)")
-            continue
-        try:
-            info = cubin_mod.inspect(path.read_bytes())
-        except cubin_mod.CubinError as exc:
-            problems.append(f"{path}: {exc}")
-            continue
-        if info.arch != man.arch:
-            problems.append(f"{path}: ELF arch is {info.arch}, manifest says {man.arch}")
-        kernel = info.kernels.get(variant.symbol)
-        if kernel is None:
-            problems.append(f"{path}: symbol {variant.symbol} not in cubin")
-            continue
-        if kernel.params != expected_params:
-            problems.append(f"{path}: {variant.symbol} parameter layout {kernel.params} is not the ABI {expected_params}")
-        if kernel.reqntid is not None and tuple(kernel.reqntid) != tuple(variant.block):
-            problems.append(f"{path}: REQNTID {kernel.reqntid} differs from manifest block {list(variant.block)}")
-    known = {MANIFEST_NAME} | {v.file for v in man.variants.values()}
+    problems += lib.check_all()
+    known = {MANIFEST_NAME} | set(lib.manifest.files.values())
     for entry in sorted(arch_dir.iterdir()):
         if entry.name not in known:
             problems.append(f"{entry}: orphan file, not in the manifest")
     return problems
 
 
-def verify(path: Path, tree: Path | None = None) -> tuple[list[str], list[str]]:
+def _unpack(path: Path, dest: str) -> str | None:
+    """Extract a wheel into ``dest`` after checking every entry; the one-line problem, or None."""
+    try:
+        with zipfile.ZipFile(path) as whl:
+            entries = whl.infolist()
+            total = 0
+            for info in entries:
+                name = PurePosixPath(info.filename)
+                if info.filename.startswith("/") or "\\" in info.filename or ".." in name.parts or ":" in info.filename:
+                    return f"{path}: entry {info.filename!r} is not a plain path inside the wheel"
+                if stat.S_ISLNK(info.external_attr >> 16):
+                    return f"{path}: entry {info.filename!r} is a symbolic link"
+                if info.flag_bits & 0x1:
+                    return f"{path}: entry {info.filename!r} is encrypted"
+                if info.file_size > WHEEL_ENTRY_CAP:
+                    return f"{path}: entry {info.filename!r} unpacks to {info.file_size} bytes, over {WHEEL_ENTRY_CAP}"
+                total += info.file_size
+            if total > WHEEL_TOTAL_CAP:
+                return f"{path}: unpacks to {total} bytes, over {WHEEL_TOTAL_CAP}"
+            whl.extractall(dest)
+    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
+            ValueError, zlib.error) as exc:
+        return f"{path}: not a readable wheel ({type(exc).__name__}: {exc})"
+    return None
+
+
+def verify(path: Path | None = None, tree: Path | None = None) -> tuple[list[str], list[str]]:
     """Verify a build dir (holding ``<arch>/`` folders, or one of them) or a ``.whl``.
 
     Returns (arch names checked, problems). A wheel is checked against its own
     sources; a directory against ``tree`` (default: the package running this).
+    Without ``path``: what the loader would load (``$SKINNY_GEMM_ARTIFACTS`` or the package's artifacts).
     """
-    path = Path(path)
+    path = Path(path) if path is not None else artifacts_root()
     if path.suffix == ".whl":
         with tempfile.TemporaryDirectory(prefix="skinny-verify-") as tmp:
-            try:
-                with zipfile.ZipFile(path) as whl:
-                    whl.extractall(tmp)
-            except (OSError, zipfile.BadZipFile) as exc:
-                return [], [f"{path}: not a readable wheel ({exc})"]
+            problem = _unpack(path, tmp)
+            if problem:
+                return [], [problem]
             root = Path(tmp) / "skinny_gemm"
-            return verify(root / "artifacts", tree=root)
+            archs, problems = verify(root / "artifacts", tree=root)
+            # Name files by their place in the wheel, not by the temporary folder.
+            return archs, [line.replace(f"{tmp}{os.sep}", f"{path}!") for line in problems]
     tree = Path(tree) if tree else PACKAGE_ROOT
     if (path / MANIFEST_NAME).exists() or path.name.startswith("sm_"):
         dirs = [path]

@@ -44,24 +44,20 @@ def _device_table(device) -> loader.DeviceTable | None:
     return loader.DEVICES.get(index)
 
 
-def _plans(device) -> dict:
+def _plans(device, n, k) -> dict:
     table = _device_table(device)
-    if table is None:
-        return {}
-    if table.table is not None:
-        return {key: rec.variant for key, rec in table.table.items()}
-    return table.library.plans if table.library is not None else {}
+    return {} if table is None else table.plans(n, k)  # checks only the variants of (n, k)
 
 
 def plan_for(n, k, m, device=None) -> KernelConfig | None:
     """The KernelConfig that would run for (n, k, m) on ``device``, or None."""
-    variant = _plans(device).get((n, k, m))
+    variant = _plans(device, n, k).get((n, k, m))
     return None if variant is None else variant.config
 
 
 def planned_ms(n, k, device=None) -> tuple[int, ...]:
     """The token counts M planned for weight shape (n, k) on ``device``."""
-    return tuple(sorted(m for (pn, pk, m) in _plans(device) if (pn, pk) == (n, k)))
+    return tuple(sorted(m for (pn, pk, m) in _plans(device, n, k) if (pn, pk) == (n, k)))
 
 
 def manifest(device=None) -> dict | None:

@@ -8,6 +8,7 @@ from importlib import metadata
 import torch
 
 from . import loader
+from .artifacts import PACKAGE_ARTIFACTS, artifacts_override, open_dir
 from .manifest import ARCH_FOR_CAPABILITY
 from .version import __version__
 
@@ -23,19 +24,25 @@ def _driver_text(version: int | None) -> str:
     return "unknown" if version is None else f"CUDA {version // 1000}.{version % 1000 // 10} ({version})"
 
 
-def _library_lines(lib: loader.Library, indent: str, host_only: bool = False) -> list[str]:
+def _library_lines(lib: loader.Library, indent: str) -> list[str]:
     if lib.manifest is None:
         return [f"{indent}artifacts: none usable ({lib.error})"]
+    # The loader checks variants at first use; the report checks them all (reads every cubin, no driver).
+    lib.check_all()
     m = lib.manifest
-    tool = m.raw.get("toolchain", {})
-    passed = {vid for vid, v in m.variants.items() if v.file not in lib.refused} if host_only else set(lib.kernels)
+    tool = m.raw["toolchain"]  # typed by the manifest validator
+    passed = {vid for vid, file in m.files.items() if file not in lib.refused}
     lines = [
         f"{indent}manifest: {m.path}",
-        f"{indent}  package {m.package_version}, arch {m.arch}, cutlass-dsl {tool.get('cutlass_dsl', '?')}, "
-        f"ptxas {', '.join(tool.get('ptxas', [])) or '?'}",
-        f"{indent}  options: {tool.get('compile_options', '?')}",
-        f"{indent}variants: {len(passed)} of {len(m.variants)} {'pass the host checks' if host_only else 'loaded'}, "
-        f"{sum(vid in passed for vid in m.plans.values())} of {len(m.plans)} plan entries usable",
+        (
+            f"{indent}  package {m.package_version}, arch {m.arch}, cutlass-dsl {tool['cutlass_dsl']}, "
+            f"ptxas {', '.join(tool['ptxas']) or '?'}"
+        ),
+        f"{indent}  options: {tool['compile_options']}",
+        (
+            f"{indent}variants: {len(passed)} of {len(m.files)} pass the host checks, {len(lib.kernels)} loaded "
+            f"(at first use), {sum(vid in passed for vid in m.plans.values())} of {len(m.plans)} plan entries usable"
+        ),
     ]
     lines += [f"{indent}  refused {name}: {why}" for name, why in lib.refused.items()]
     return lines
@@ -50,7 +57,10 @@ def _device_lines(table: loader.DeviceTable) -> list[str]:
     if table.table is None:
         lines.append("  kernels: not bound yet (binds at the first call on this GPU)")
     else:
-        lines.append(f"  kernels bound: {len(table.functions)}, launch table: {len(table.table)} (n, k, m) entries")
+        lines.append(
+            f"  kernels bound: {len(table.functions)} (at first use), launch table: {len(table.table)} (n, k, m) "
+            f"entries, {len(table.table.bound)} bound"
+        )
     lines += [f"  refused on this GPU {name}: {why}" for name, why in table.refused.items()]
     if table.error:
         lines.append(f"  error: {table.error}")
@@ -61,10 +71,16 @@ def env_report() -> str:
     """The environment report: versions, driver, each GPU and its artifacts, or why everything falls back."""
     lines = [
         f"skinny-gemm {__version__}",
-        f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}), "
-        f"cuda-bindings {_dist_version('cuda-bindings')}",
+        (
+            f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}), "
+            f"cuda-bindings {_dist_version('cuda-bindings')}"
+        ),
         f"artifacts root: {loader.artifacts_root()}"
-        + (f" (from ${loader.ENV_ARTIFACTS})" if loader.ENV_ARTIFACTS in os.environ else ""),
+        + (
+            f" (from ${loader.ENV_ARTIFACTS}, instead of the package's {PACKAGE_ARTIFACTS})"
+            if artifacts_override()
+            else ""
+        ),
     ]
     if torch.cuda.is_available():
         torch.cuda.init()  # runs the load hook
@@ -80,8 +96,7 @@ def env_report() -> str:
     # Without a GPU the host-side checks still say whether the installed artifacts are intact.
     for arch in sorted(set(ARCH_FOR_CAPABILITY.values())):
         directory = loader.artifacts_root() / arch
-        if directory.exists():
-            lib, _ = loader.check_dir(directory, arch)
+        if os.path.lexists(directory):
             lines.append(f"{arch} (host checks only):")
-            lines += _library_lines(lib, "  ", host_only=True)
+            lines += _library_lines(open_dir(directory, arch), "  ")
     return "\n".join(lines)

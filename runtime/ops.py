@@ -40,7 +40,9 @@ def plan(x, weight, residual=None) -> Optional[loader.Launch]:
 
 
 def _plan(x, weight, residual):
-    if type(x) not in _PLAIN or type(weight) not in _PLAIN or not x.is_cuda:
+    if type(x) not in _PLAIN or type(weight) not in _PLAIN or (residual is not None and type(residual) not in _PLAIN):
+        return None
+    if not x.is_cuda:
         return None
     if x.dtype is not _BF16 or weight.dtype is not _BF16 or weight.dim() != 2 or x.dim() == 0:
         return None
@@ -114,6 +116,10 @@ def _launch_failed(idx: int, rec: loader.Launch, err) -> None:
 
 def may_dispatch(x, weight, residual=None) -> bool:
     """The checks that tracing can make (device, dtype, rank, autograd); the op decides the rest at run time."""
+    if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
+        return False  # F.linear raises its own error (or, for a non-tensor residual, adds it)
+    if residual is not None and not isinstance(residual, torch.Tensor):
+        return False
     if residual is not None and (residual.device.type != "cuda" or residual.dtype != _BF16):
         return False
     if torch.is_grad_enabled() and (

@@ -38,7 +38,7 @@ def test_deleted_cubin_is_caught(build_copy):
     path = _first_cubin(build_copy / "sm_90a")
     path.unlink()
     problems = _problems(build_copy)
-    assert len(problems) == 1 and problems[0].startswith(f"{path}: missing")
+    assert len(problems) == 1 and problems[0].startswith(f"{path}: cubin missing")
 
 
 def test_sm121_cubin_in_place_of_sm90a_is_caught(build_copy):
@@ -103,7 +103,7 @@ def test_orphan_file_is_caught(build_copy):
 def test_missing_manifest_is_caught(build_copy):
     (build_copy / "sm_121" / "manifest.json").unlink()
     problems = _problems(build_copy)
-    assert len(problems) == 1 and "no manifest.json" in problems[0]
+    assert problems == [f"{build_copy / 'sm_121' / 'manifest.json'}: no manifest (missing or incomplete artifact dir)"]
 
 
 def test_cli_exit_codes(built, build_copy):

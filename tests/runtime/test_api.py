@@ -1,5 +1,5 @@
 """The public API on CPU: every call falls back and gives exactly F.linear's result or error;
-plan_for / planned_ms / manifest read the loaded tables (driver played by test_loader.FakeDriver)."""
+plan_for / planned_ms / manifest read the loaded tables (driver played by helpers.fake_driver.FakeDriver)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import skinny_gemm
 from skinny_gemm.runtime import loader
-from test_loader import all_plans, art, built, fresh, manifest_of  # noqa: F401  (fixtures)
+from helpers.artifacts import all_plans, manifest_of
 
 SHAPES = [((4096,), (32, 4096)), ((1, 64), (16, 64)), ((3, 64), (16, 64)), ((2, 3, 40), (24, 40)), ((0, 16), (8, 16))]
 

@@ -11,7 +11,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import skinny_gemm
 from skinny_gemm.runtime import loader, ops
-from test_loader import art, built, fresh  # noqa: F401  (fixtures)
 
 BF16 = torch.bfloat16
 

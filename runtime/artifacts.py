@@ -1,0 +1,144 @@
+"""The artifact checks, with no driver: which folder, its manifest, and each variant's record and cubin.
+
+``verify``, ``env`` and the loader all run these, so they refuse the same
+things with the same one-line reason, each naming the file. A problem in a
+manifest refuses that manifest (that arch) only; a problem in a variant's
+record or cubin refuses that variant only. Variants are checked one at a time
+(``Library.check``), when first needed: the loader checks only the variants of
+the shapes a process runs; verify and env check them all (``check_all``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import elf
+from .files import CUBIN_CAP, FileProblem, read_bounded
+from .manifest import (
+    MANIFEST_NAME,
+    PARAMS,
+    Manifest,
+    ManifestError,
+    Variant,
+    VariantError,
+    parse,
+)
+from .version import __version__
+
+ENV_ARTIFACTS = "SKINNY_GEMM_ARTIFACTS"
+PACKAGE_ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+EXPECTED_PARAMS = [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
+
+
+def artifacts_override() -> str | None:
+    """$SKINNY_GEMM_ARTIFACTS when set (and not empty): a folder of ``<arch>/`` to use instead of the package's."""
+    return os.environ.get(ENV_ARTIFACTS) or None
+
+
+def artifacts_root() -> Path:
+    """The folder holding ``<arch>/manifest.json`` that the loader reads: the override, else the package's."""
+    env = artifacts_override()
+    return Path(env) if env else PACKAGE_ARTIFACTS
+
+
+@dataclass(eq=False)
+class Library:
+    """One ``<arch>/`` folder: its manifest (or why none), the variants refused and why, and what passed.
+
+    ``kernels`` is filled by the driver layer (runtime/devices.py) as variants are
+    loaded; this module never touches the driver.
+    """
+
+    directory: Path
+    manifest: Manifest | None = None
+    error: str | None = None
+    refused: dict[str, str] = field(default_factory=dict)  # cubin file name -> reason
+    passed: dict[str, tuple[Variant, bytes]] = field(default_factory=dict, repr=False)  # id -> record, cubin
+    kernels: dict = field(default_factory=dict)  # id -> devices.Kernel, once loaded into the driver
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+
+    def line(self, file: str) -> str:
+        """The one-line refusal of ``file`` (a cubin name), naming its path."""
+        return f"{self.directory / file}: {self.refused[file]}"
+
+    def problems(self) -> list[str]:
+        """One line per refusal found so far, each naming the file."""
+        if self.error is not None:
+            return [self.error]
+        return [self.line(name) for name in self.refused]
+
+    def check(self, vid: str) -> tuple[Variant, bytes] | None:
+        """Variant ``vid``'s record and cubin bytes if every host check passes (once; cached), else None."""
+        with self.lock:
+            found = self.passed.get(vid)
+            if found is not None or self.manifest is None or vid not in self.manifest.files:
+                return found
+            file = self.manifest.files[vid]
+            if file in self.refused:
+                return None
+            try:
+                found = self.passed[vid] = _check_variant(self.manifest, vid)
+            except VariantError as exc:
+                self.refused[file] = str(exc)
+            except Exception as exc:  # noqa: BLE001  (a check that failed itself refuses this variant only)
+                self.refused[file] = f"malformed variant ({type(exc).__name__}: {exc})"
+            return found
+
+    def check_all(self) -> list[str]:
+        """Host-check every variant (verify and env do; the loader does not): the refusal lines."""
+        if self.manifest is not None:
+            for vid in self.manifest.files:
+                self.check(vid)
+        return self.problems()
+
+    def planned(self) -> dict[tuple[int, int, int], str]:
+        """(n, k, m) -> variant id, for every plan entry whose variant is not refused (so far)."""
+        if self.manifest is None:
+            return {}
+        bad = self.refused
+        return {key: vid for key, vid in self.manifest.plans.items() if self.manifest.files[vid] not in bad}
+
+
+def open_dir(directory: Path, arch: str | None, version: str | None = __version__) -> Library:
+    """Read and check one artifact folder's manifest (its variants are checked on demand)."""
+    lib = Library(Path(directory))
+    path = lib.directory / MANIFEST_NAME
+    if not os.path.lexists(path):
+        lib.error = f"{path}: no manifest (missing or incomplete artifact dir)"
+        return lib
+    try:
+        lib.manifest = parse(path, expected_version=version, expected_arch=arch)
+    except ManifestError as exc:
+        lib.error = str(exc)
+    except Exception as exc:  # noqa: BLE001  (a check that failed itself refuses this manifest only)
+        lib.error = f"{path}: malformed manifest ({type(exc).__name__}: {exc})"
+    return lib
+
+
+def _check_variant(man: Manifest, vid: str) -> tuple[Variant, bytes]:
+    """The record and cubin of one variant after every host check; raises VariantError with the reason."""
+    v = man.variant(vid)
+    try:
+        blob = read_bounded(man.directory / v.file, CUBIN_CAP)
+    except FileProblem as exc:
+        raise VariantError(f"cubin {exc} (variant {vid})") from None
+    if len(blob) != v.size or hashlib.sha256(blob).hexdigest() != v.sha256:
+        raise VariantError("sha256 mismatch (corrupted or replaced)")
+    try:
+        info = elf.inspect(blob)
+    except elf.CubinError as exc:
+        raise VariantError(f"not a valid cubin: {exc}") from None
+    if info.arch != man.arch:
+        raise VariantError(f"ELF arch is {info.arch}, manifest says {man.arch}")
+    kernel = info.kernels.get(v.symbol)
+    if kernel is None:
+        raise VariantError(f"symbol {v.symbol} not in cubin")
+    if kernel.params != EXPECTED_PARAMS:
+        raise VariantError(f"{v.symbol} parameter layout {kernel.params} is not the ABI {EXPECTED_PARAMS}")
+    if kernel.reqntid is not None and tuple(kernel.reqntid) != tuple(v.block):
+        raise VariantError(f"REQNTID {list(kernel.reqntid)} differs from manifest block {list(v.block)}")
+    return v, blob

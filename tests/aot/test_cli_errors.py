@@ -1,0 +1,54 @@
+"""Bad input to the CLI gives one clear line and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from skinny_gemm.aot import cli, plans
+from skinny_gemm.aot.build import PACKAGE_ROOT
+
+SOURCE_TREE = str(PACKAGE_ROOT / "aot" / "source_tree.py")
+
+
+@pytest.mark.parametrize("text", ['{"x": 1}', "[1, 2]", "{not json", '{"header": {"arch": "sm_90a"}, "entries": [{}]}'])
+def test_list_with_a_bad_plan_file(tmp_path, capsys, text):
+    bad = tmp_path / "plan.json"
+    bad.write_text(text)
+    assert cli.main(["list", "--arch", "sm_90a", "--plan", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and str(bad) in err and "\n" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("shapes", ["[1, 2]", '{"seed_plan_sets": {}}', "{not json"])
+def test_plan_with_bad_shapes(tmp_path, capsys, monkeypatch, shapes):
+    monkeypatch.setattr(plans, "plan_path", lambda arch: tmp_path / f"{arch}.json")  # never the committed tables
+    bad = tmp_path / "shapes.json"
+    bad.write_text(shapes)
+    assert cli.main(["plan", "--arch", "sm_121", "--shapes", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and str(bad) in err and "\n" not in err, err
+    assert not (tmp_path / "sm_121.json").exists()
+
+
+def test_build_without_cutlass(tmp_path):
+    """cutlass made unimportable in the process (and so in its forked compile workers), with an empty cache."""
+    code = (
+        "import sys, runpy\n"
+        "sys.modules['cutlass'] = None\n"
+        f"sys.argv = ['skinny-gemm', 'build', '--arch', 'sm_121', '--out', {str(tmp_path / 'out')!r},\n"
+        f"            '--cache-dir', {str(tmp_path / 'cache')!r}, '--quiet', '--jobs', '1']\n"
+        f"runpy.run_path({SOURCE_TREE!r}, run_name='__main__')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.strip() == "error: build needs nvidia-cutlass-dsl (pip install nvidia-cutlass-dsl==4.8.1)", (
+        res.stderr
+    )
+
+
+def test_verify_without_a_path_checks_what_the_loader_loads(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SKINNY_GEMM_ARTIFACTS", str(tmp_path))
+    assert cli.main(["verify"]) == 1
+    assert capsys.readouterr().out.strip() == f"FAIL {tmp_path}: no <arch>/manifest.json found"
