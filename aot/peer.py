@@ -293,18 +293,18 @@ class PeerLib:
     def __init__(self, folder: Path):
         import torch
 
-        from ..runtime import loader
+        from ..runtime import driver, elf
 
         self.man = read_manifest(folder)
         torch.cuda.synchronize()  # torch's context exists and is current: cuKernelGetFunction needs one
         self.cells = {(c["n"], c["k"], c["m"]): c for c in self.man["cells"]}
-        loader._init_driver()
-        d = self.d = loader._driver()
-        self._call = loader._call
+        driver.init()
+        d = self.d = driver.module()
+        self._call = driver.call
         self.functions = {}
         for vid, v in self.man["variants"].items():
             blob = (Path(folder) / v["file"]).read_bytes()
-            if hashlib.sha256(blob).hexdigest() != v["sha256"] or loader.cubin_sm(blob) != 90:
+            if hashlib.sha256(blob).hexdigest() != v["sha256"] or elf.sm_of(blob) != 90:
                 raise PeerError(f"{folder / v['file']}: damaged or not an sm_90a cubin")
             lib = self._call(d.cuLibraryLoadData, blob, None, None, 0, None, None, 0)
             kernel = self._call(d.cuLibraryGetKernel, lib, v["symbol"].encode())
