@@ -30,7 +30,7 @@ def test_sm121_plan_is_the_pull_request_set():
 @pytest.mark.parametrize(
     "kwargs, rule",
     [
-        (dict(m=9), "m range"),
+        (dict(m=17), "m range"),
         (dict(m=1, threads=100), "whole warps"),
         (dict(m=1, threads=256, k_threads=96), "k_threads split"),
         (dict(m=1, vec=3), "vector width"),
@@ -69,7 +69,7 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, slices=2.0), "slices"),
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, split=2.0), "split"),
         (dict(m=1, kind="mma", threads=256, cols=8, fetch=128.0), "fetch"),
-        (dict(m=9, kind="mma", threads=256, cols=8, prefetch=False, slices=2), "m range"),
+        (dict(m=17, kind="mma", threads=256, cols=8, prefetch=False, slices=2), "m range"),
         # 32 warps x 8 tokens x 32 columns x 2 slices x 4 B = 64 KB of slice partials
         (dict(m=8, kind="mma", threads=1024, k_threads=1024, cols=32, prefetch=False, slices=2), "shared memory"),
         # 16 rows are 8 tiles of 2: 4 x 8 + 8 stages x (4 x 8 weight + 4 x 2 token words) = 352 registers
@@ -136,6 +136,8 @@ def _variants(cfg):
         "split": 2,
         "persist": 528,
         "slices": 2,
+        "bias": True,
+        "tail": True,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes
