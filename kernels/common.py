@@ -38,8 +38,9 @@ class Launcher:
         self.kernel.set_name_prefix(f"skinny_{self.cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
         cfg = self.cfg
         cluster = {"cluster": (cfg.split, 1, 1)} if cfg.split > 1 else {}
+        groups = (n + (cfg.cols_per_cta - 1)) // cfg.cols_per_cta if cfg.tail else n // cfg.cols_per_cta
         self.kernel(a, w, out, residual, n, k).launch(
-            grid=(n // cfg.cols_per_cta * cfg.split, 1, 1), block=(cfg.threads, 1, 1), **cluster
+            grid=(groups * cfg.split, 1, 1), block=(cfg.threads, 1, 1), **cluster
         )
 
 
@@ -81,11 +82,28 @@ def wait_previous_grid(cfg):
 
 
 @cute.jit
-def store_output(out, residual, has_res, value, m, col, n):
-    """Write out[m, col]; the residual is added in fp32 before the single bf16 rounding."""
+def store_output(cfg, out, residual, has_res, value, m, col, n):
+    """Write out[m, col]; the residual (cfg.bias: the bias, 4th pointer) is added in fp32 before the single bf16 rounding.
+
+    With cfg.tail the last CTA's columns may pass N: those are neither read nor written.
+    """
+    if cutlass.const_expr(cfg.tail):
+        if col < n:
+            _store(cfg, out, residual, has_res, value, m, col, n)
+    else:
+        _store(cfg, out, residual, has_res, value, m, col, n)
+
+
+@cute.jit
+def _store(cfg, out, residual, has_res, value, m, col, n):
     v = value
     if has_res:
-        v = v + cute.make_tensor(residual + (m * n + col), cute.make_layout(1))[0].to(cutlass.Float32)
+        # a bias is one value per column, shared by every token
+        if cutlass.const_expr(cfg.bias):
+            at = col
+        else:
+            at = m * n + col
+        v = v + cute.make_tensor(residual + at, cute.make_layout(1))[0].to(cutlass.Float32)
     cute.make_tensor(out + (m * n + col), cute.make_layout(1))[0] = v.to(cutlass.BFloat16)
 
 

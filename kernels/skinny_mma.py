@@ -371,7 +371,7 @@ def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
         for r in cutlass.range_constexpr(WK):
             for sl in cutlass.range_constexpr(S):
                 total = total + sRed[grp, r, tok, col, sl]
-        store_output(out, residual, has_res, total, tok, row0 + col, n)
+        store_output(cfg, out, residual, has_res, total, tok, row0 + col, n)
 
 
 @cute.jit
@@ -379,7 +379,7 @@ def store_rows(cfg, acc, g, q, row0, out, residual, has_res, n):
     """Store token g's c0, c1 of every tile: weight rows 2q, 2q+1 of each 8-row tile from row0."""
     for i in cutlass.range_constexpr(cfg.cols // MMA_ROWS * 2):
         row = row0 + (i // 2) * MMA_ROWS + q * 2 + i % 2
-        store_output(out, residual, has_res, acc[i // 2, i % 2], g, row, n)
+        store_output(cfg, out, residual, has_res, acc[i // 2, i % 2], g, row, n)
 
 
 def compile_variant(cfg: KernelConfig, arch: str, dump_dir: str) -> bytes:
