@@ -45,7 +45,7 @@ class Launcher:
 
 
 @cute.jit
-def prologue(cfg, w, tidx, row0, kk):
+def prologue(cfg, w, tidx, row0, kk, n):
     """Prefetch this CTA's weight rows to L2 (cfg.prefetch), then wait for the previous grid (cfg.pdl).
 
     The weight never depends on the previous kernel, and a CTA's rows are one
@@ -53,19 +53,27 @@ def prologue(cfg, w, tidx, row0, kk):
     them and the previous kernel's tail overlaps our ramp. Everything that
     depends on the previous kernel (tokens, residual, output) comes after the wait.
     """
-    prefetch_weight(cfg, w, tidx, row0, kk)
+    prefetch_weight(cfg, w, tidx, row0, kk, n)
     wait_previous_grid(cfg)
 
 
 @cute.jit
-def prefetch_weight(cfg, w, tidx, row0, kk):
-    """The first half of ``prologue``: the bulk L2 prefetch of this CTA's weight rows (cfg.prefetch)."""
+def prefetch_weight(cfg, w, tidx, row0, kk, n):
+    """The first half of ``prologue``: the bulk L2 prefetch of this CTA's weight rows (cfg.prefetch).
+
+    With cfg.tail the last CTA's rows stop at N: nothing past the weight is named.
+    """
     if cutlass.const_expr(cfg.prefetch):
         if tidx == 0:
             base = w + cute.assume(row0 * kk, divby=8)
+            if cutlass.const_expr(cfg.tail):
+                rows = cutlass.min(cutlass.Int32(cfg.cols_per_cta), n - row0)
+                size = rows * 2 * kk
+            else:
+                size = cutlass.Int32(cfg.cols_per_cta * 2) * kk
             cute.arch.inline_ptx(
                 "cp.async.bulk.prefetch.L2.global [{$r0}], {$r1};",
-                read_only_args=[base.toint(), cutlass.Int32(cfg.cols_per_cta * 2) * kk],
+                read_only_args=[base.toint(), size],
             )
 
 

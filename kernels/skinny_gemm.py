@@ -62,7 +62,7 @@ class SkinnyGemm(Launcher):
                 self.fma(acc, w0, self.load_tokens(a, kk, kt * VEC))
                 first = 1
             else:
-                prologue(cfg, w, tidx, bidx * cfg.cols_per_cta, kk)
+                prologue(cfg, w, tidx, bidx * cfg.cols_per_cta, kk, n)
             if cutlass.const_expr(cfg.static_k > 0):
                 for trip in cutlass.range_constexpr(first, cfg.static_k // step):
                     self.mac(a, w, acc, kk, col0, kt * VEC + trip * step, n)
