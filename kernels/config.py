@@ -49,6 +49,8 @@ MMA_A_ROWS = 16
 # A tail variant serves any K that is a multiple of this (16-byte rows: every vector load is
 # wholly inside K or wholly past it, so a load is either taken or replaced by zeros).
 TAIL_K_GRAIN = 8
+# Fields newer than the committed plan tables, and their defaults: to_json leaves them out when off.
+QUIET_FIELDS = {"bias": False, "tail": False}
 
 
 class ConfigError(ValueError):
@@ -202,8 +204,16 @@ class KernelConfig:
         return f"skinny_{self.name}_0"
 
     def to_json(self) -> dict:
-        """Plain dict for plan tables and manifests (sorted by the JSON writer)."""
-        return dataclasses.asdict(self)
+        """Plain dict for plan tables and manifests (sorted by the JSON writer).
+
+        Fields added after the committed plan tables (``QUIET_FIELDS``) are left out at their
+        default, so tables, tuner output and manifests written before them stay byte-identical.
+        """
+        data = dataclasses.asdict(self)
+        for name, default in QUIET_FIELDS.items():
+            if data[name] == default:
+                del data[name]
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> KernelConfig:

@@ -289,3 +289,12 @@ def test_heuristic_keeps_the_committed_sm121_table():
     for e in entries:
         assert plans.heuristic_config(e.n, e.k, e.m) == e.config, (e.n, e.k, e.m)
         assert plans.heuristic_rule(e.config) == e.provenance["rule"]
+
+
+def test_json_leaves_new_fields_out_when_off():
+    """Plan tables and manifests written before bias and tail existed stay byte-identical."""
+    cfg = KernelConfig(m=1)
+    assert "bias" not in cfg.to_json() and "tail" not in cfg.to_json()
+    on = dataclasses.replace(cfg, bias=True, tail=True)
+    assert on.to_json()["bias"] is True and on.to_json()["tail"] is True
+    assert KernelConfig.from_json(on.to_json()) == on and KernelConfig.from_json(cfg.to_json()) == cfg
