@@ -6,7 +6,11 @@ launcher, device body), compile entry.
 Kernel-parameter ABI (DESIGN.md): raw pointers and Int32 only, so every
 variant takes the same 40 bytes: ``a, w, out, residual`` (u64 each; residual
 may be 0 for none) then ``n, k`` (i32). ``k`` is ignored by static-K variants
-but kept so one launch record format serves every variant.
+but kept so one launch record format serves every variant. A ``bias`` variant
+reads its 4th pointer as a bias vector of N bf16 (0 = none) instead.
+
+Tail (``tail``): after the whole K trips, one more trip issues only the loads
+that lie inside K; columns past N load row N - 1 and are never stored.
 """
 
 from __future__ import annotations

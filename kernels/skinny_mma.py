@@ -41,7 +41,16 @@ flight while it waits for the oldest one; the loop is unrolled ``stages`` times
 so every buffer index is static (a runtime index would put the buffers in
 local memory). The first stages-1 weight loads go out before the PDL wait.
 
-Same kernel-parameter ABI as kernels/skinny_gemm.py.
+M up to 16 (unsliced): past 8 tokens each lane also loads token g + 8 into A
+rows 8..15, and the accumulator's c2, c3 are its outputs.
+
+Tail (``tail``): the warps split only K's whole K steps; the rest goes in
+32 x slices-k steps dealt to the warps in turn, each lane's 8 k either inside K
+or replaced by zero words (a bitwise select after a load of the row's K = 0).
+Rows past N load row N - 1 and are never stored.
+
+Same kernel-parameter ABI as kernels/skinny_gemm.py (``bias``: the 4th pointer
+is a bias vector of N bf16).
 """
 
 from __future__ import annotations
