@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kernels.config import ConfigError, KernelConfig
+from ..kernels.config import MAX_M, MMA_K_STEP, TAIL_K_GRAIN, ConfigError, KernelConfig
 from ..runtime.manifest import CAPABILITY_FOR_ARCH, dumps
 
 PLANS_DIR = Path(__file__).resolve().parent.parent / "kernels" / "plans"
@@ -17,6 +18,15 @@ HEURISTIC_RULE = (
     "whose step divides K; 256 threads; cols = the largest of 4, 2, 1 that divides N and keeps "
     ">= 2 waves of CTAs on 132 SMs; runtime K; PDL on. Not measured on any GPU."
 )
+HEURISTIC_RULE_WIDE = (
+    "heuristic (wide): M <= 4 where the seed rule leaves fewer than 32 threads on K or fails: simt, 256 threads "
+    "on K (halved while one step of 8 x unroll x k_threads passes K), unroll 2 if K >= 4096, the first of cols "
+    "4, 2, 1 that keeps >= 2 waves on 132 SMs; M > 4: mma, one 8-row tile per CTA, 4 stages of one 32-k step, "
+    "8 warps on K (halved while a K step passes K; below 128 k the simt rule), prefetch off; tail on where K or N is not a whole number "
+    "of steps or CTAs; bias as asked; PDL on. Not measured on any GPU."
+)
+# SMs of the H200 (the seed rule's wave count)
+SMS = 132
 
 
 def decode_order(model: dict, tp: int, arch: str = "sm_90a") -> list[tuple[str, int, int]]:
@@ -106,8 +116,44 @@ def render(header: dict, entries: list[PlanEntry]) -> str:
     return dumps({"header": header, "entries": rows})
 
 
-def heuristic_config(n: int, k: int, m: int) -> KernelConfig:
-    """The unmeasured starting config for a shape (HEURISTIC_RULE says how it is chosen)."""
+def heuristic_config(n: int, k: int, m: int, bias: bool = False) -> KernelConfig:
+    """The unmeasured starting config for a shape (HEURISTIC_RULE and HEURISTIC_RULE_WIDE say how it is chosen).
+
+    Raises PlanError naming the rule when no config of the kernels serves the shape; never another error.
+    """
+    for name, value in (("n", n), ("k", k), ("m", m)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise PlanError(f"no config for (n={n}, k={k}, m={m}): rule 'positive': {name}={value!r} must be a positive int")
+    if m > MAX_M:
+        raise PlanError(f"no config for (n={n}, k={k}, m={m}): rule 'm range': m={m} exceeds {MAX_M}")
+    if k % TAIL_K_GRAIN:
+        raise PlanError(
+            f"no config for (n={n}, k={k}, m={m}): rule 'k tail': K={k} is not a multiple of {TAIL_K_GRAIN} (16-byte rows)"
+        )
+    if m <= 4:
+        cfg = _seed_simt(n, k, m, bias)
+        if cfg is None:
+            cfg = _tail_simt(n, k, m, bias)
+    else:
+        cfg = _mma(n, k, m, bias)
+        try:
+            cfg.check(n=n, k=k)
+        except ConfigError:
+            cfg = _tail_simt(n, k, m, bias)  # K below the smallest mma step
+    try:
+        cfg.check(n=n, k=k)
+    except ConfigError as exc:
+        raise PlanError(f"no config for (n={n}, k={k}, m={m}): {exc}") from None
+    return cfg
+
+
+def heuristic_rule(cfg: KernelConfig) -> str:
+    """The provenance text of a heuristic config: the seed rule, or the wide one (tails, bias, M > 4)."""
+    return HEURISTIC_RULE if cfg.kind == "simt" and not cfg.tail and not cfg.bias else HEURISTIC_RULE_WIDE
+
+
+def _seed_simt(n: int, k: int, m: int, bias: bool) -> KernelConfig | None:
+    """HEURISTIC_RULE (the seed tables' rule), or None where it fails or leaves fewer than a warp on K."""
     unroll = 2 if k >= 2 * 8 * 32 else 1
     k_threads = 256
     while k_threads > 1 and k % (k_threads * 8 * unroll):
@@ -115,12 +161,47 @@ def heuristic_config(n: int, k: int, m: int) -> KernelConfig:
     groups = 256 // k_threads
     cols = 1
     for c in (4, 2):
-        if n % (groups * c) == 0 and n // (groups * c) >= 2 * 132:
+        if n % (groups * c) == 0 and n // (groups * c) >= 2 * SMS:
             cols = c
             break
-    cfg = KernelConfig(m=m, threads=256, k_threads=k_threads, cols=cols, vec=8, unroll=unroll)
-    cfg.check(n=n, k=k)
+    cfg = KernelConfig(m=m, threads=256, k_threads=k_threads, cols=cols, vec=8, unroll=unroll, bias=bias)
+    try:
+        cfg.check(n=n, k=k)
+    except ConfigError:
+        return None
+    return cfg if k_threads >= 32 else None
+
+
+def _tail_simt(n: int, k: int, m: int, bias: bool) -> KernelConfig:
+    """The first of cols 4, 2, 1 (with >= 2 waves) that passes, 256 threads on K (halved while a step passes K); a tail
+    only where the K step or the CTA's columns do not divide the shape."""
+    unroll = 2 if k >= 2 * 8 * 256 else 1
+    k_threads = 256
+    while k_threads > 1 and k_threads * 8 * unroll > k:
+        k_threads //= 2
+    cfg = None
+    for cols in (4, 2, 1):
+        cfg = KernelConfig(m=m, threads=256, k_threads=k_threads, cols=cols, vec=8, unroll=unroll, bias=bias)
+        cfg = dataclasses.replace(cfg, tail=bool(k % cfg.k_step or n % cfg.cols_per_cta))
+        if cols > 1 and -(-n // cfg.cols_per_cta) < 2 * SMS:
+            continue
+        try:
+            cfg.check(n=n, k=k)
+            return cfg
+        except ConfigError:
+            continue
     return cfg
+
+
+def _mma(n: int, k: int, m: int, bias: bool) -> KernelConfig:
+    """M > 4: the tensor-core kernel (its cost is flat in M up to 16): one 8-row tile per CTA, 4 stages of
+    one 32-k step, 8 warps on K (fewer if K is short); a tail only where the shape needs it."""
+    k_threads = 256
+    while k_threads > 32 and k_threads // 32 * MMA_K_STEP * 4 > k:
+        k_threads //= 2
+    cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=8, vec=8, unroll=1, stages=4,
+                       prefetch=False, bias=bias)
+    return dataclasses.replace(cfg, tail=bool(k % cfg.k_step or n % cfg.cols_per_cta))
 
 
 def seed_shapes(arch: str, shapes_file: Path) -> list[tuple[int, int, int]]:
@@ -146,8 +227,9 @@ def heuristic_table(arch: str, shapes_file: Path) -> str:
         "source": f"seed set '{arch}' of {SHAPES_FILE}; no measurements yet",
     }
     entries = [
-        PlanEntry(n, k, m, heuristic_config(n, k, m), {"kind": "heuristic", "rule": HEURISTIC_RULE})
+        PlanEntry(n, k, m, cfg, {"kind": "heuristic", "rule": heuristic_rule(cfg)})
         for n, k, m in seed_shapes(arch, shapes_file)
+        for cfg in [heuristic_config(n, k, m)]
     ]
     return render(header, entries)
 

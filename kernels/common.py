@@ -38,13 +38,14 @@ class Launcher:
         self.kernel.set_name_prefix(f"skinny_{self.cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
         cfg = self.cfg
         cluster = {"cluster": (cfg.split, 1, 1)} if cfg.split > 1 else {}
+        groups = (n + (cfg.cols_per_cta - 1)) // cfg.cols_per_cta if cfg.tail else n // cfg.cols_per_cta
         self.kernel(a, w, out, residual, n, k).launch(
-            grid=(n // cfg.cols_per_cta * cfg.split, 1, 1), block=(cfg.threads, 1, 1), **cluster
+            grid=(groups * cfg.split, 1, 1), block=(cfg.threads, 1, 1), **cluster
         )
 
 
 @cute.jit
-def prologue(cfg, w, tidx, row0, kk):
+def prologue(cfg, w, tidx, row0, kk, n):
     """Prefetch this CTA's weight rows to L2 (cfg.prefetch), then wait for the previous grid (cfg.pdl).
 
     The weight never depends on the previous kernel, and a CTA's rows are one
@@ -52,19 +53,27 @@ def prologue(cfg, w, tidx, row0, kk):
     them and the previous kernel's tail overlaps our ramp. Everything that
     depends on the previous kernel (tokens, residual, output) comes after the wait.
     """
-    prefetch_weight(cfg, w, tidx, row0, kk)
+    prefetch_weight(cfg, w, tidx, row0, kk, n)
     wait_previous_grid(cfg)
 
 
 @cute.jit
-def prefetch_weight(cfg, w, tidx, row0, kk):
-    """The first half of ``prologue``: the bulk L2 prefetch of this CTA's weight rows (cfg.prefetch)."""
+def prefetch_weight(cfg, w, tidx, row0, kk, n):
+    """The first half of ``prologue``: the bulk L2 prefetch of this CTA's weight rows (cfg.prefetch).
+
+    With cfg.tail the last CTA's rows stop at N: nothing past the weight is named.
+    """
     if cutlass.const_expr(cfg.prefetch):
         if tidx == 0:
             base = w + cute.assume(row0 * kk, divby=8)
+            if cutlass.const_expr(cfg.tail):
+                rows = cutlass.min(cutlass.Int32(cfg.cols_per_cta), n - row0)
+                size = rows * 2 * kk
+            else:
+                size = cutlass.Int32(cfg.cols_per_cta * 2) * kk
             cute.arch.inline_ptx(
                 "cp.async.bulk.prefetch.L2.global [{$r0}], {$r1};",
-                read_only_args=[base.toint(), cutlass.Int32(cfg.cols_per_cta * 2) * kk],
+                read_only_args=[base.toint(), size],
             )
 
 
@@ -81,11 +90,28 @@ def wait_previous_grid(cfg):
 
 
 @cute.jit
-def store_output(out, residual, has_res, value, m, col, n):
-    """Write out[m, col]; the residual is added in fp32 before the single bf16 rounding."""
+def store_output(cfg, out, residual, has_res, value, m, col, n):
+    """Write out[m, col]; the residual (cfg.bias: the bias, 4th pointer) is added in fp32 before the single bf16 rounding.
+
+    With cfg.tail the last CTA's columns may pass N: those are neither read nor written.
+    """
+    if cutlass.const_expr(cfg.tail):
+        if col < n:
+            _store(cfg, out, residual, has_res, value, m, col, n)
+    else:
+        _store(cfg, out, residual, has_res, value, m, col, n)
+
+
+@cute.jit
+def _store(cfg, out, residual, has_res, value, m, col, n):
     v = value
     if has_res:
-        v = v + cute.make_tensor(residual + (m * n + col), cute.make_layout(1))[0].to(cutlass.Float32)
+        # a bias is one value per column, shared by every token
+        if cutlass.const_expr(cfg.bias):
+            at = col
+        else:
+            at = m * n + col
+        v = v + cute.make_tensor(residual + at, cute.make_layout(1))[0].to(cutlass.Float32)
     cute.make_tensor(out + (m * n + col), cute.make_layout(1))[0] = v.to(cutlass.BFloat16)
 
 

@@ -1,8 +1,7 @@
 """The kernel config: one frozen dataclass, one validity check, one variant name.
 
-It lives in ``runtime/`` (not ``kernels/``) because three parties need it: the
-plan loader and the build (which also import cutlass) and the runtime, which
-must check a manifest's configs without importing cutlass or ``kernels/``.
+It has no cutlass import: the plan loader and the build (which also import cutlass)
+and the runtime, which must check a manifest's configs without cutlass, share it.
 """
 
 from __future__ import annotations
@@ -22,7 +21,10 @@ SM_REGISTERS = 65536
 # Fully unrolling K beyond this many loop trips makes compile time and code
 # size explode (DESIGN.md: 2.3-2.7 s per variant at K=16384) for no gain.
 MAX_STATIC_TRIPS = 64
-MAX_M = 8
+# Tokens per call: vLLM pads decode batches to CUDA-graph sizes 1, 2, 4, 8, 16, ...; the mma
+# kernel's A side has 16 rows. The bulk kernel loads one token row per lane (A rows 0..7).
+MAX_M = 16
+MAX_M_BULK = 8
 KINDS = ("simt", "mma", "bulk")
 # mma.sync.m16n8k16 with the tokens as its 16-row side (rows >= M are zero): a
 # warp's tile is 8 weight rows x 16 token rows x 16 k; one 16-byte load per lane
@@ -44,6 +46,11 @@ SPLITS = (1, 2, 4, 8)
 # weight rows x slices K slices, and its 16 A rows are tokens x the same slices.
 SLICES = (1, 2, 4, 8)
 MMA_A_ROWS = 16
+# A tail variant serves any K that is a multiple of this (16-byte rows: every vector load is
+# wholly inside K or wholly past it, so a load is either taken or replaced by zeros).
+TAIL_K_GRAIN = 8
+# Fields newer than the committed plan tables, and their defaults: to_json leaves them out when off.
+QUIET_FIELDS = {"bias": False, "tail": False}
 
 
 class ConfigError(ValueError):
@@ -52,70 +59,56 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, order=True)
 class KernelConfig:
-    """One skinny GEMM kernel variant: C[m, n] = A[m, k] @ W[n, k]^T (+ residual).
+    """One skinny GEMM kernel variant: C[m, n] = A[m, k] @ W[n, k]^T (+ residual, or + bias).
 
-    ``kind`` picks the kernel: "simt" (kernels/skinny_gemm.py, scalar FMAs),
-    "mma" (kernels/skinny_mma.py, tensor cores fed from registers) or "bulk"
-    (kernels/skinny_bulk.py, tensor cores fed from a shared-memory ring that
-    ``cp.async.bulk`` fills: one row group per CTA, a chunk is ``unroll`` 32-k
-    steps per warp, ``stages`` chunks in the ring, the first ones issued
-    before the PDL wait; at most 48 KB of shared memory). The CTA has ``threads`` threads
-    split into ``threads // k_threads`` groups; each group owns ``cols`` output
-    columns and its ``k_threads`` threads split K between them, ``vec`` elements
-    per load, ``unroll`` loads per column in flight. For "mma", threads come in
-    whole warps along K, ``cols`` is a multiple of 8 and ``vec`` is 8; a pipeline
-    stage is ``unroll`` 32-k steps and ``stages`` of them are in flight per warp
-    (register buffers, software-pipelined K loop; 1 = load a stage, then use it).
-    ``static_k`` 0 means K is a runtime value; otherwise the K loop is
-    fully unrolled for exactly that K. ``pdl`` launches with programmatic
-    dependent launch (the kernel waits on the previous grid only before it
-    touches tokens, residual or output); ``prefetch`` has each CTA start a bulk
-    L2 prefetch of its weight rows first, so that wait overlaps HBM traffic.
-    ``early`` ("simt" with ``pdl`` only) issues the first K trip's weight loads
-    into registers before that wait, as the "mma" kernel always does with its
-    first ``stages - 1`` stages: the previous kernel's tail then overlaps
-    this kernel's HBM latency instead of adding to it. ``fetch`` ("mma" only)
-    is the L2 fetch size in bytes each weight load asks for (PTX
-    ``L2::128B``/``L2::256B``; 0 = no hint): a larger fetch brings a row's next
-    steps into L2 early, a smaller one wastes less of HBM's time on lines the
-    grid's tail never uses; which wins depends on the shape (docs/perf.md v4).
-    ``split`` ("mma" only) has a thread-block cluster of that many CTAs share
-    one row group, each streaming 1/split of K, the partial sums meeting in
-    the first CTA's shared memory (distributed shared memory): the grid is
-    ``split`` times larger and each CTA's life that much shorter, so a grid's
-    last, partial wave costs less (docs/perf.md v6).
-    ``persist`` ("simt" with ``early`` only; 0 = off) caps the grid at that many
-    CTAs, each walking row groups ``persist`` apart and loading the next group's
-    first K trip before it reduces the current one: CTAs never exit between
-    groups, so no wave of them ends (and restarts its HBM ramp) at once, and a
-    grid under half the SM's threads leaves room for the next kernel's CTAs to
-    load their weight before the PDL wait (docs/perf.md v7).
-    ``slices`` ("mma" only, without ``split``; 1 = off) makes an MMA tile
-    8 / slices weight rows x ``slices`` K slices: B column j is row j // slices
-    at slice j % slices, A row i is token i // slices at slice i % slices, and
-    only the products of matching slices are kept and summed. A tile then has
-    fewer rows (``cols`` a multiple of 8 / slices, down to one row per CTA),
-    each warp load covers 64 * slices contiguous bytes of a row, and CTAs
-    live shorter at the same bytes in flight (docs/perf.md v15). It needs
-    m * slices <= 16 (the A side's rows).
+    The CTA has ``threads`` threads in ``threads // k_threads`` groups; a group owns
+    ``cols`` output columns (weight rows) and its ``k_threads`` threads split K.
+    The kernel files' docstrings say how each kind maps threads to data.
     """
 
+    # tokens (rows of A and C), baked in
     m: int
+    # "simt" (kernels/skinny_gemm.py, scalar FMAs), "mma" (kernels/skinny_mma.py, tensor cores fed from
+    # registers), "bulk" (kernels/skinny_bulk.py, tensor cores fed from a cp.async.bulk shared-memory ring)
     kind: str = "simt"
     threads: int = 256
     k_threads: int = 256
     cols: int = 2
+    # bf16 per load (simt); 8 (one 16-byte load feeds two MMAs) for mma and bulk
     vec: int = 8
+    # loads per column in flight (simt); 32-k steps per pipeline stage (mma) or ring chunk (bulk)
     unroll: int = 2
+    # 0: K is a runtime value; else the K loop is fully unrolled for exactly this K
     static_k: int = 0
+    # programmatic dependent launch: the kernel waits on the previous grid only before it touches
+    # tokens, residual or output, so the previous kernel's tail overlaps its weight loads
     pdl: bool = True
+    # each CTA first starts a bulk L2 prefetch of its weight rows, so the PDL wait overlaps HBM traffic
     prefetch: bool = True
+    # register buffers in flight per warp (mma: software-pipelined K loop) or ring chunks (bulk)
     stages: int = 1
+    # simt with pdl: trip 0's weight loads go out before the PDL wait (the mma kernel always does this
+    # with its first stages-1 stages): the previous kernel's tail hides this kernel's HBM latency
     early: bool = False
+    # mma: L2 fetch bytes per weight load (0 = no hint); larger prefetches a row's next steps, smaller
+    # wastes less HBM time on lines the grid's tail never uses; the winner depends on the shape (perf.md v4)
     fetch: int = 256
+    # mma: a cluster of this many CTAs shares a row group, each streaming 1/split of K and meeting in CTA 0's
+    # shared memory: shorter CTAs make the grid's last partial wave cheaper (perf.md v6)
     split: int = 1
+    # simt with early: cap the grid at this many CTAs that walk row groups persist apart and preload the next
+    # group's first trip; no wave ends at once and the next kernel's CTAs find room (perf.md v7); 0 = off
     persist: int = 0
+    # mma: an MMA tile is 8/slices weight rows x slices K slices, so CTAs can be down to one row and a warp
+    # load covers 64*slices contiguous bytes of a row (perf.md v15); needs m*slices <= 16 (the A side's rows)
     slices: int = 1
+    # the 4th pointer is a bias vector of N bf16 (0 = none), added in fp32 before the single rounding;
+    # the ABI stays 40 bytes, so a bias variant takes no residual (calls with one run a non-bias variant)
+    bias: bool = False
+    # K need only be a multiple of 8 and N any size: the last K trip takes only the loads inside K (the
+    # others are zeros, never products of masked values) and the last CTA's columns past N are neither
+    # read (their loads read row N-1) nor written
+    tail: bool = False
 
     @property
     def groups(self) -> int:
@@ -129,7 +122,7 @@ class KernelConfig:
 
     def grid(self, n: int) -> int:
         """CTAs the kernel launches for N outputs: a cluster of ``split`` CTAs per cols_per_cta columns, at most ``persist``."""
-        groups = n // self.cols_per_cta
+        groups = -(-n // self.cols_per_cta) if self.tail else n // self.cols_per_cta
         return (min(groups, self.persist) if self.persist else groups) * self.split
 
     @property
@@ -176,7 +169,8 @@ class KernelConfig:
         if self.slices > 1:
             # (groups, warps, m, cols, slices) fp32: each warp's partial of each output and slice
             return self.groups * (self.k_threads // 32) * self.m * self.cols * self.slices * 4
-        per_warp = self.groups * (self.cols // MMA_ROWS * 2) * 32 * 4
+        # (groups, tiles x c0, c1 (and c2, c3: A rows 8..15), 32 lanes) fp32 per warp
+        per_warp = self.groups * (self.cols // MMA_ROWS * 2 * self.token_loads) * 32 * 4
         warps = self.k_threads // 32
         return (per_warp * warps if warps > 1 else 0) + per_warp * (self.split - 1)
 
@@ -201,6 +195,7 @@ class KernelConfig:
             f"{f'_s{self.stages}' if self.stages != 1 else ''}{'_e' if self.early else ''}"
             f"{f'_f{self.fetch}' if self.fetch != 256 else ''}{f'_x{self.split}' if self.split != 1 else ''}"
             f"{f'_p{self.persist}' if self.persist else ''}{f'_sl{self.slices}' if self.slices != 1 else ''}"
+            f"{'_b' if self.bias else ''}{'_t' if self.tail else ''}"
         )
 
     @property
@@ -209,11 +204,19 @@ class KernelConfig:
         return f"skinny_{self.name}_0"
 
     def to_json(self) -> dict:
-        """Plain dict for plan tables and manifests (sorted by the JSON writer)."""
-        return dataclasses.asdict(self)
+        """Plain dict for plan tables and manifests (sorted by the JSON writer).
+
+        Fields added after the committed plan tables (``QUIET_FIELDS``) are left out at their
+        default, so tables, tuner output and manifests written before them stay byte-identical.
+        """
+        data = dataclasses.asdict(self)
+        for name, default in QUIET_FIELDS.items():
+            if data[name] == default:
+                del data[name]
+        return data
 
     @classmethod
-    def from_json(cls, data: dict) -> "KernelConfig":
+    def from_json(cls, data: dict) -> KernelConfig:
         """Inverse of to_json; unknown or missing fields raise ConfigError."""
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - fields
@@ -224,108 +227,19 @@ class KernelConfig:
         except TypeError as exc:
             raise ConfigError(str(exc)) from None
 
+
     def check(self, n: int | None = None, k: int | None = None) -> None:
         """The single validity check; raises ConfigError naming the broken rule.
 
-        With ``n``/``k`` it also checks that this config can run that shape.
+        Order: every field's type and range, the options' combinations, the kind's own rules,
+        the register budget and static K; with ``n``/``k`` also that this config can run that shape.
         """
-        for field in ("m", "threads", "k_threads", "cols", "vec", "unroll", "stages"):
+        for field, rule, ok, need in _FIELD_RULES:
             value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"rule 'positive': {field}={value!r} must be a positive int")
-        if self.kind not in KINDS:
-            raise ConfigError(f"rule 'kind': kind={self.kind!r} must be one of {KINDS}")
-        for flag in ("pdl", "prefetch", "early"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ConfigError(f"rule 'flags': {flag}={getattr(self, flag)!r} must be true or false")
-        if self.early and (self.kind != "simt" or not self.pdl):
-            raise ConfigError(
-                f"rule 'early': early needs kind 'simt' and pdl (kind={self.kind!r}, pdl={self.pdl}); the mma "
-                "kernel always loads its first stages-1 stages before the PDL wait"
-            )
-        if not isinstance(self.fetch, int) or isinstance(self.fetch, bool) or self.fetch not in FETCH_SIZES:
-            raise ConfigError(f"rule 'fetch': fetch={self.fetch!r} must be one of {FETCH_SIZES} bytes")
-        if self.kind != "mma" and self.fetch != 256:
-            raise ConfigError(
-                f"rule 'fetch': fetch={self.fetch} is an mma option; kind {self.kind!r} keeps the default 256 "
-                "(its loads carry no hint, so another value would only duplicate the variant)"
-            )
-        if not isinstance(self.split, int) or isinstance(self.split, bool) or self.split not in SPLITS:
-            raise ConfigError(f"rule 'split': split={self.split!r} must be one of {SPLITS} CTAs per cluster")
-        if self.split != 1 and (self.kind != "mma" or self.prefetch):
-            raise ConfigError(
-                f"rule 'split': split={self.split} needs kind 'mma' without prefetch (kind={self.kind!r}, "
-                f"prefetch={self.prefetch}): only the mma kernel reduces across a cluster"
-            )
-        if not isinstance(self.persist, int) or isinstance(self.persist, bool) or self.persist < 0:
-            raise ConfigError(f"rule 'persist': persist={self.persist!r} must be an int >= 0 (0 = one CTA per row group)")
-        if self.persist and (self.kind != "simt" or not self.early or self.prefetch or self.static_k):
-            raise ConfigError(
-                f"rule 'persist': persist={self.persist} needs kind 'simt' with early, without prefetch and with "
-                f"a runtime K (kind={self.kind!r}, early={self.early}, prefetch={self.prefetch}, "
-                f"static_k={self.static_k}): the walk preloads each group's first trip, the first one before "
-                "the PDL wait, and loops over K at run time"
-            )
-        if self.m > MAX_M:
-            raise ConfigError(f"rule 'm range': m={self.m} exceeds {MAX_M}")
-        if not isinstance(self.slices, int) or isinstance(self.slices, bool) or self.slices not in SLICES:
-            raise ConfigError(f"rule 'slices': slices={self.slices!r} must be one of {SLICES}")
-        if self.slices != 1 and (self.kind != "mma" or self.split != 1 or self.m * self.slices > MMA_A_ROWS):
-            raise ConfigError(
-                f"rule 'slices': slices={self.slices} needs kind 'mma', split 1 and m*slices <= {MMA_A_ROWS} "
-                f"(kind={self.kind!r}, split={self.split}, m={self.m}): the A side's {MMA_A_ROWS} rows hold "
-                "every token at every slice"
-            )
-        if self.threads % 32 or self.threads > 1024:
-            raise ConfigError(f"rule 'whole warps': threads={self.threads} must be a multiple of 32, at most 1024")
-        if self.k_threads & (self.k_threads - 1) or self.threads % self.k_threads:
-            raise ConfigError(
-                f"rule 'k_threads split': k_threads={self.k_threads} must be a power of two dividing threads={self.threads}"
-            )
-        if self.vec not in (2, 4, 8):
-            raise ConfigError(f"rule 'vector width': vec={self.vec} must be 2, 4 or 8 bf16 (4, 8 or 16 bytes)")
-        if self.kind == "bulk":
-            if (
-                self.k_threads < 32
-                or self.vec != 8
-                or self.cols % MMA_ROWS
-                or self.threads != self.k_threads
-                or self.prefetch
-            ):
-                raise ConfigError(
-                    f"rule 'bulk tile': k_threads={self.k_threads} must be whole warps and equal threads={self.threads}, "
-                    f"vec={self.vec} must be 8, cols={self.cols} a multiple of {MMA_ROWS}, and prefetch off "
-                    "(the ring's first chunks already go out before the PDL wait)"
-                )
-            if self.bulk_smem + DSL_SMEM_RESERVE > STATIC_SMEM_LIMIT:
-                raise ConfigError(
-                    f"rule 'shared memory': {self.bulk_smem} bytes of weight ring + {DSL_SMEM_RESERVE} the DSL adds "
-                    f"exceed {STATIC_SMEM_LIMIT}"
-                )
-        elif self.kind == "mma":
-            rows = MMA_ROWS // self.slices
-            if self.k_threads < 32 or self.vec != 8 or self.cols % rows:
-                raise ConfigError(
-                    f"rule 'mma tile': k_threads={self.k_threads} must be whole warps, vec={self.vec} must be 8 "
-                    f"and cols={self.cols} a multiple of {rows} (8 / slices rows per tile)"
-                )
-            if self.slices > 1 and self.m * self.cols > self.k_threads:
-                raise ConfigError(
-                    f"rule 'reduction lanes': m*cols={self.m * self.cols} outputs exceed k_threads={self.k_threads} "
-                    "(one thread of the group sums each output's slices)"
-                )
-            if self.mma_smem + DSL_SMEM_RESERVE > STATIC_SMEM_LIMIT:
-                raise ConfigError(
-                    f"rule 'shared memory': {self.mma_smem} bytes of reduction buffers + {DSL_SMEM_RESERVE} the DSL "
-                    f"adds exceed {STATIC_SMEM_LIMIT}"
-                )
-        else:
-            if self.stages != 1:
-                raise ConfigError(f"rule 'stages': stages={self.stages} must be 1 for kind 'simt' (no pipelined K loop)")
-            if self.k_threads > 32 and self.m * self.cols > self.k_threads:
-                raise ConfigError(
-                    f"rule 'reduction lanes': m*cols={self.m * self.cols} outputs exceed k_threads={self.k_threads}"
-                )
+            if not ok(value):
+                raise ConfigError(f"rule '{rule}': {field}={value!r} must be {need}")
+        _option_rules(self)
+        _KIND_RULES[self.kind](self)
         regs, rule = self.register_rule
         budget = min(REGISTER_BUDGET, SM_REGISTERS // self.threads * 2 // 3)
         if regs > budget:
@@ -334,7 +248,7 @@ class KernelConfig:
                 f"(min of {REGISTER_BUDGET} and two thirds of {SM_REGISTERS} / threads={self.threads})"
             )
         if self.static_k:
-            if self.static_k < 0 or self.static_k % self.k_step:
+            if self.static_k % self.k_step:
                 raise ConfigError(
                     f"rule 'static k': static_k={self.static_k} must be a positive multiple of "
                     f"the K step={self.k_step}"
@@ -343,15 +257,143 @@ class KernelConfig:
                 raise ConfigError(
                     f"rule 'static k': {self.static_k // self.k_step} unrolled trips exceed {MAX_STATIC_TRIPS}"
                 )
-        if k is not None:
-            if k % self.k_step:
-                raise ConfigError(f"rule 'k divisible': K={k} is not a multiple of the K step={self.k_step}")
-            if self.static_k and k != self.static_k:
-                raise ConfigError(f"rule 'static k': K={k} differs from the baked-in static_k={self.static_k}")
-        if n is not None and n < 1:
-            raise ConfigError(f"rule 'n positive': N={n} must be at least 1")
-        if n is not None and k is not None and n * k >= 2**31:
-            # The kernels index the weight with 32-bit element offsets.
-            raise ConfigError(f"rule 'int32 offsets': N*K={n * k} elements must stay below 2^31")
-        if n is not None and n % self.cols_per_cta:
-            raise ConfigError(f"rule 'n divisible': N={n} is not a multiple of columns per CTA={self.cols_per_cta}")
+        _shape_rules(self, n, k)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# (field, rule, test, what the value must be): the type and range of every field, checked first.
+_FIELD_RULES = (
+    *((f, "positive", lambda v: _is_int(v) and v >= 1, "a positive int")
+      for f in ("m", "threads", "k_threads", "cols", "vec", "unroll", "stages")),
+    ("kind", "kind", lambda v: v in KINDS, f"one of {KINDS}"),
+    *((f, "flags", lambda v: isinstance(v, bool), "true or false")
+      for f in ("pdl", "prefetch", "early", "bias", "tail")),
+    ("fetch", "fetch", lambda v: _is_int(v) and v in FETCH_SIZES, f"one of {FETCH_SIZES} bytes"),
+    ("split", "split", lambda v: _is_int(v) and v in SPLITS, f"one of {SPLITS} CTAs per cluster"),
+    ("persist", "persist", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = one CTA per row group)"),
+    ("slices", "slices", lambda v: _is_int(v) and v in SLICES, f"one of {SLICES}"),
+    ("static_k", "static k", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = K at run time)"),
+)
+
+
+def _option_rules(c: KernelConfig) -> None:
+    """Which kinds and combinations each option works with, and the thread shape every kind shares."""
+    if c.early and (c.kind != "simt" or not c.pdl):
+        raise ConfigError(
+            f"rule 'early': early needs kind 'simt' and pdl (kind={c.kind!r}, pdl={c.pdl}); the mma "
+            "kernel always loads its first stages-1 stages before the PDL wait"
+        )
+    if c.kind != "mma" and c.fetch != 256:
+        raise ConfigError(
+            f"rule 'fetch': fetch={c.fetch} is an mma option; kind {c.kind!r} keeps the default 256 "
+            "(its loads carry no hint, so another value would only duplicate the variant)"
+        )
+    if c.split != 1 and (c.kind != "mma" or c.prefetch):
+        raise ConfigError(
+            f"rule 'split': split={c.split} needs kind 'mma' without prefetch (kind={c.kind!r}, "
+            f"prefetch={c.prefetch}): only the mma kernel reduces across a cluster"
+        )
+    if c.persist and (c.kind != "simt" or not c.early or c.prefetch or c.static_k):
+        raise ConfigError(
+            f"rule 'persist': persist={c.persist} needs kind 'simt' with early, without prefetch and with "
+            f"a runtime K (kind={c.kind!r}, early={c.early}, prefetch={c.prefetch}, "
+            f"static_k={c.static_k}): the walk preloads each group's first trip, the first one before "
+            "the PDL wait, and loops over K at run time"
+        )
+    limit = MAX_M_BULK if c.kind == "bulk" else MAX_M
+    if c.m > limit:
+        raise ConfigError(
+            f"rule 'm range': m={c.m} exceeds {limit}"
+            + (" for kind 'bulk' (a lane loads one token: A rows 8..15 stay zero)" if c.kind == "bulk" else "")
+        )
+    if c.slices != 1 and (c.kind != "mma" or c.split != 1 or c.m * c.slices > MMA_A_ROWS):
+        raise ConfigError(
+            f"rule 'slices': slices={c.slices} needs kind 'mma', split 1 and m*slices <= {MMA_A_ROWS} "
+            f"(kind={c.kind!r}, split={c.split}, m={c.m}): the A side's {MMA_A_ROWS} rows hold "
+            "every token at every slice"
+        )
+    if c.tail and (c.kind not in ("simt", "mma") or c.split != 1 or c.persist or c.static_k):
+        raise ConfigError(
+            f"rule 'tail': tail needs kind 'simt' or 'mma', split 1, no persist and a runtime K "
+            f"(kind={c.kind!r}, split={c.split}, persist={c.persist}, static_k={c.static_k}): the tail trip "
+            "and the column mask are written for one CTA per row group and a K known only at run time"
+        )
+    if c.bias and c.kind not in ("simt", "mma"):
+        raise ConfigError(f"rule 'bias': bias is an epilogue of kinds 'simt' and 'mma' (kind={c.kind!r})")
+    if c.threads % 32 or c.threads > 1024:
+        raise ConfigError(f"rule 'whole warps': threads={c.threads} must be a multiple of 32, at most 1024")
+    if c.k_threads & (c.k_threads - 1) or c.threads % c.k_threads:
+        raise ConfigError(
+            f"rule 'k_threads split': k_threads={c.k_threads} must be a power of two dividing threads={c.threads}"
+        )
+    if c.vec not in (2, 4, 8):
+        raise ConfigError(f"rule 'vector width': vec={c.vec} must be 2, 4 or 8 bf16 (4, 8 or 16 bytes)")
+
+
+def _simt_rules(c: KernelConfig) -> None:
+    if c.stages != 1:
+        raise ConfigError(f"rule 'stages': stages={c.stages} must be 1 for kind 'simt' (no pipelined K loop)")
+    if c.k_threads > 32 and c.m * c.cols > c.k_threads:
+        raise ConfigError(f"rule 'reduction lanes': m*cols={c.m * c.cols} outputs exceed k_threads={c.k_threads}")
+
+
+def _mma_rules(c: KernelConfig) -> None:
+    rows = MMA_ROWS // c.slices
+    if c.k_threads < 32 or c.vec != 8 or c.cols % rows:
+        raise ConfigError(
+            f"rule 'mma tile': k_threads={c.k_threads} must be whole warps, vec={c.vec} must be 8 "
+            f"and cols={c.cols} a multiple of {rows} (8 / slices rows per tile)"
+        )
+    if c.slices > 1 and c.m * c.cols > c.k_threads:
+        raise ConfigError(
+            f"rule 'reduction lanes': m*cols={c.m * c.cols} outputs exceed k_threads={c.k_threads} "
+            "(one thread of the group sums each output's slices)"
+        )
+    if c.mma_smem + DSL_SMEM_RESERVE > STATIC_SMEM_LIMIT:
+        raise ConfigError(
+            f"rule 'shared memory': {c.mma_smem} bytes of reduction buffers + {DSL_SMEM_RESERVE} the DSL "
+            f"adds exceed {STATIC_SMEM_LIMIT}"
+        )
+
+
+def _bulk_rules(c: KernelConfig) -> None:
+    if c.k_threads < 32 or c.vec != 8 or c.cols % MMA_ROWS or c.threads != c.k_threads or c.prefetch:
+        raise ConfigError(
+            f"rule 'bulk tile': k_threads={c.k_threads} must be whole warps and equal threads={c.threads}, "
+            f"vec={c.vec} must be 8, cols={c.cols} a multiple of {MMA_ROWS}, and prefetch off "
+            "(the ring's first chunks already go out before the PDL wait)"
+        )
+    if c.bulk_smem + DSL_SMEM_RESERVE > STATIC_SMEM_LIMIT:
+        raise ConfigError(
+            f"rule 'shared memory': {c.bulk_smem} bytes of weight ring + {DSL_SMEM_RESERVE} the DSL adds "
+            f"exceed {STATIC_SMEM_LIMIT}"
+        )
+
+
+_KIND_RULES = {"simt": _simt_rules, "mma": _mma_rules, "bulk": _bulk_rules}
+
+
+def _shape_rules(c: KernelConfig, n: int | None, k: int | None) -> None:
+    """Whether this config can run (n, k); either may be None (not checked)."""
+    if k is not None:
+        if c.tail:
+            if k % TAIL_K_GRAIN:
+                raise ConfigError(f"rule 'k tail': K={k} is not a multiple of {TAIL_K_GRAIN} (16-byte rows)")
+            if k < c.k_step:
+                raise ConfigError(
+                    f"rule 'k tail': K={k} is below one K step={c.k_step} (the first trip is never masked)"
+                )
+        elif k % c.k_step:
+            raise ConfigError(f"rule 'k divisible': K={k} is not a multiple of the K step={c.k_step}")
+        if c.static_k and k != c.static_k:
+            raise ConfigError(f"rule 'static k': K={k} differs from the baked-in static_k={c.static_k}")
+    if n is not None and n < 1:
+        raise ConfigError(f"rule 'n positive': N={n} must be at least 1")
+    if n is not None and k is not None and n * k >= 2**31:
+        # The kernels index the weight with 32-bit element offsets.
+        raise ConfigError(f"rule 'int32 offsets': N*K={n * k} elements must stay below 2^31")
+    if n is not None and not c.tail and n % c.cols_per_cta:
+        raise ConfigError(f"rule 'n divisible': N={n} is not a multiple of columns per CTA={c.cols_per_cta}")

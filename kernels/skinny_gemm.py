@@ -6,7 +6,11 @@ launcher, device body), compile entry.
 Kernel-parameter ABI (DESIGN.md): raw pointers and Int32 only, so every
 variant takes the same 40 bytes: ``a, w, out, residual`` (u64 each; residual
 may be 0 for none) then ``n, k`` (i32). ``k`` is ignored by static-K variants
-but kept so one launch record format serves every variant.
+but kept so one launch record format serves every variant. A ``bias`` variant
+reads its 4th pointer as a bias vector of N bf16 (0 = none) instead.
+
+Tail (``tail``): after the whole K trips, one more trip issues only the loads
+that lie inside K; columns past N load row N - 1 and are never stored.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from .config import KernelConfig
+from .config import TAIL_K_GRAIN, KernelConfig
 from .common import Launcher, compile_kernel, prologue, store_output, wait_previous_grid
 
 WARP = 32
@@ -43,6 +47,8 @@ class SkinnyGemm(Launcher):
         col0 = bidx * cfg.cols_per_cta + grp * COLS
         if cutlass.const_expr(cfg.static_k > 0):
             kk = cfg.static_k
+        elif cutlass.const_expr(cfg.tail):
+            kk = cute.assume(k, divby=TAIL_K_GRAIN)
         else:
             kk = cute.assume(k, divby=cfg.k_step)
 
@@ -55,18 +61,20 @@ class SkinnyGemm(Launcher):
             first = 0
             if cutlass.const_expr(cfg.early):
                 # Trip 0's weight is in flight while the previous kernel drains.
-                w0 = self.load_weight(w, kk, col0, kt * VEC)
+                w0 = self.load_weight(w, kk, col0, kt * VEC, n)
                 wait_previous_grid(cfg)
                 self.fma(acc, w0, self.load_tokens(a, kk, kt * VEC))
                 first = 1
             else:
-                prologue(cfg, w, tidx, bidx * cfg.cols_per_cta, kk)
+                prologue(cfg, w, tidx, bidx * cfg.cols_per_cta, kk, n)
             if cutlass.const_expr(cfg.static_k > 0):
                 for trip in cutlass.range_constexpr(first, cfg.static_k // step):
-                    self.mac(a, w, acc, kk, col0, kt * VEC + trip * step)
+                    self.mac(a, w, acc, kk, col0, kt * VEC + trip * step, n)
             else:
                 for trip in cutlass.range(first, kk // step):
-                    self.mac(a, w, acc, kk, col0, kt * VEC + trip * step)
+                    self.mac(a, w, acc, kk, col0, kt * VEC + trip * step, n)
+            if cutlass.const_expr(cfg.tail):
+                self.tail_trip(a, w, acc, kk, col0, kt * VEC + kk // step * step, n)
             self.reduce_store(acc, out, residual, n, col0, kt, grp)
 
     @cute.jit
@@ -78,7 +86,7 @@ class SkinnyGemm(Launcher):
         groups = n // cfg.cols_per_cta
         nct, _, _ = cute.arch.grid_dim()
         wbuf = cute.make_rmem_tensor((cfg.unroll * COLS * VEC,), cutlass.BFloat16)  # (UNROLL x COLS x VEC) bf16: next trip 0
-        self.stash(wbuf, self.load_weight(w, kk, bidx * cfg.cols_per_cta + grp * COLS, kt * VEC))
+        self.stash(wbuf, self.load_weight(w, kk, bidx * cfg.cols_per_cta + grp * COLS, kt * VEC, n))
         wait_previous_grid(cfg)
         for g in cutlass.range(bidx, groups, nct, unroll=1):
             col0 = g * cfg.cols_per_cta + grp * COLS
@@ -87,12 +95,12 @@ class SkinnyGemm(Launcher):
             nxt = g + nct
             over = (groups - 1 - nxt) >> 31
             gn = (nxt & (over ^ cutlass.Int32(-1))) | (g & over)
-            self.stash(wbuf, self.load_weight(w, kk, gn * cfg.cols_per_cta + grp * COLS, kt * VEC))
+            self.stash(wbuf, self.load_weight(w, kk, gn * cfg.cols_per_cta + grp * COLS, kt * VEC, n))
             acc = cute.make_rmem_tensor((cfg.m, COLS), cutlass.Float32)  # (M, COLS) fp32 partial sums
             acc.fill(0.0)
             self.fma(acc, wcur, self.load_tokens(a, kk, kt * VEC))
             for trip in cutlass.range(1, kk // step):
-                self.mac(a, w, acc, kk, col0, kt * VEC + trip * step)
+                self.mac(a, w, acc, kk, col0, kt * VEC + trip * step, n)
             self.reduce_store(acc, out, residual, n, col0, kt, grp)
             if cutlass.const_expr(cfg.k_threads > WARP):
                 cute.arch.sync_threads()  # the next group rewrites the reduction's shared memory
@@ -147,30 +155,66 @@ class SkinnyGemm(Launcher):
                     total = cutlass.Float32(0.0)
                     for q in cutlass.range_constexpr(NWARP_K):
                         total = total + sRed[grp, q, i]
-                    store_output(out, residual, has_res, total, i // COLS, col0 + i % COLS, n)
+                    store_output(cfg, out, residual, has_res, total, i // COLS, col0 + i % COLS, n)
         else:
             for i in cutlass.range_constexpr(OUTS):
                 if kt == i % KT:
-                    store_output(out, residual, has_res, acc[i // COLS, i % COLS], i // COLS, col0 + i % COLS, n)
+                    store_output(cfg, out, residual, has_res, acc[i // COLS, i % COLS], i // COLS, col0 + i % COLS, n)
 
     @cute.jit
-    def mac(self, a, w, acc, kk, col0, koff):
+    def mac(self, a, w, acc, kk, col0, koff, n):
         """One K trip: issue every W and A load of the trip first, then the FMAs."""
-        wfrag = self.load_weight(w, kk, col0, koff)
+        wfrag = self.load_weight(w, kk, col0, koff, n)
         self.fma(acc, wfrag, self.load_tokens(a, kk, koff))
 
     @cute.jit
-    def load_weight(self, w, kk, col0, koff):
+    def load_weight(self, w, kk, col0, koff, n):
         """Issue one trip's weight loads: [UNROLL][COLS] of (VEC,) bf16 vectors."""
         cfg = self.cfg
         vlay = cute.make_layout(cfg.vec)
         return [
             [
-                cute.make_tensor(w + cute.assume((col0 + j) * kk + koff + u * cfg.k_threads * cfg.vec, divby=cfg.vec), vlay).load()
+                cute.make_tensor(w + cute.assume(self.row(col0 + j, n) * kk + koff + u * cfg.k_threads * cfg.vec, divby=cfg.vec), vlay).load()
                 for j in range(cfg.cols)
             ]
             for u in range(cfg.unroll)
         ]
+
+    @cute.jit
+    def row(self, col, n):
+        """The weight row a column loads: itself, or with ``tail`` row N-1 past N (read, never stored)."""
+        r = col
+        if cutlass.const_expr(self.cfg.tail):
+            r = cutlass.min(col, n - 1)
+        return r
+
+    @cute.jit
+    def tail_trip(self, a, w, acc, kk, col0, koff, n):
+        """``tail``: the K trip past the last full one; each unrolled load is taken only where it lies inside K.
+
+        K is a multiple of 8 and a load is VEC (2, 4 or 8) elements at a multiple of VEC, so a load is
+        wholly inside K or wholly past it: nothing past K is read, and no masked value meets a product.
+        """
+        cfg = self.cfg
+        vlay = cute.make_layout(cfg.vec)
+        for u in cutlass.range_constexpr(cfg.unroll):
+            ku = koff + u * cfg.k_threads * cfg.vec
+            if ku < kk:
+                wv = [
+                    cute.make_tensor(w + cute.assume(self.row(col0 + j, n) * kk + ku, divby=cfg.vec), vlay)
+                    .load().to(cutlass.Float32)
+                    for j in range(cfg.cols)
+                ]
+                av = [
+                    cute.make_tensor(a + cute.assume(m * kk + ku, divby=cfg.vec), vlay).load().to(cutlass.Float32)
+                    for m in range(cfg.m)
+                ]
+                for j in cutlass.range_constexpr(cfg.cols):
+                    for m in cutlass.range_constexpr(cfg.m):
+                        s = acc[m, j]
+                        for e in cutlass.range_constexpr(cfg.vec):
+                            s = s + wv[j][e] * av[m][e]
+                        acc[m, j] = s
 
     @cute.jit
     def load_tokens(self, a, kk, koff):

@@ -41,7 +41,16 @@ flight while it waits for the oldest one; the loop is unrolled ``stages`` times
 so every buffer index is static (a runtime index would put the buffers in
 local memory). The first stages-1 weight loads go out before the PDL wait.
 
-Same kernel-parameter ABI as kernels/skinny_gemm.py.
+M up to 16 (unsliced): past 8 tokens each lane also loads token g + 8 into A
+rows 8..15, and the accumulator's c2, c3 are its outputs.
+
+Tail (``tail``): the warps split only K's whole K steps; the rest goes in
+32 x slices-k steps dealt to the warps in turn, each lane's 8 k either inside K
+or replaced by zero words (a bitwise select after a load of the row's K = 0).
+Rows past N load row N - 1 and are never stored.
+
+Same kernel-parameter ABI as kernels/skinny_gemm.py (``bias``: the 4th pointer
+is a bias vector of N bf16).
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from .config import MMA_ROWS, KernelConfig
+from .config import MMA_K_STEP, MMA_ROWS, TAIL_K_GRAIN, KernelConfig
 from .common import Launcher, compile_kernel, prefetch_weight, store_output, wait_previous_grid
 
 WARP = 32
@@ -102,9 +111,15 @@ class SkinnyMma(Launcher):
         # Clusters are 1-D along x, so a cluster is `split` consecutive CTAs and its rank is bidx % split.
         if cutlass.const_expr(cfg.static_k > 0):
             kk = cfg.static_k
+        elif cutlass.const_expr(cfg.tail):
+            kk = cute.assume(k, divby=TAIL_K_GRAIN)
         else:
             kk = cute.assume(k, divby=cfg.k_step)
         r_half = kk // 2  # a weight or token row, in 32-bit words
+        # The K the warps' ranges split: all of K, or (tail) its whole K steps; tail_steps takes the rest.
+        krange = kk
+        if cutlass.const_expr(cfg.tail):
+            krange = kk // cfg.k_step * cfg.k_step
         rank = 0
         if cutlass.const_expr(cfg.split > 1):
             # Distributed shared memory may be written only once every CTA of the cluster
@@ -119,11 +134,11 @@ class SkinnyMma(Launcher):
         elif cutlass.const_expr(S > 1):
             row0 = bidx * cfg.cols_per_cta + grp * cfg.cols
             # This lane's first word: its K range starts at wk * kk / WK, its slice g % S at 32 (g % S), then 8q.
-            koff = cute.assume((wk * (kk // WK) + (g % S) * 32 + q * 8) // 2, divby=4)
+            koff = cute.assume((wk * (krange // WK) + (g % S) * 32 + q * 8) // 2, divby=4)
         else:
             row0 = bidx * cfg.cols_per_cta + grp * cfg.cols
             # This lane's first word: its K range starts at wk * kk / WK, its slice at 8q.
-            koff = cute.assume((wk * (kk // WK) + q * 8) // 2, divby=4)
+            koff = cute.assume((wk * (krange // WK) + q * 8) // 2, divby=4)
         if cutlass.const_expr(S > 1):
             # B column g: row g // S; A rows g and g + 8: tokens g // S and (g + 8) // S, all at slice g % S.
             # Padding tokens (>= M) read token 0 and are zeroed by their mask, as in the unsliced branch.
@@ -142,9 +157,24 @@ class SkinnyMma(Launcher):
             keep = ((cutlass.Int32(M - 1) - g) >> 31) ^ cutlass.Int32(-1)
             w_lane = cute.recast_ptr(w, dtype=cutlass.Int32) + cute.assume((row0 + g) * r_half + koff, divby=4)
             a_lane = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((g & keep) * r_half + koff, divby=4)
-            keep2, a_lane2 = keep, a_lane  # unused: no A row g + 8 without slices
+            if cutlass.const_expr(cfg.token_loads > 1):
+                # m > 8: A row g + 8 is token g + 8 (or padding, read as token 0 and masked)
+                tok2 = g + MMA_ROWS
+                keep2 = ((cutlass.Int32(M - 1) - tok2) >> 31) ^ cutlass.Int32(-1)
+                a_lane2 = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((tok2 & keep2) * r_half + koff, divby=4)
+            else:
+                keep2, a_lane2 = keep, a_lane  # unused: A rows 8..15 are zero
         # (pointer, mask) of A row g's token, then of A row g + 8's (read only when token_loads is 2)
         tokens = (a_lane, keep, a_lane2, keep2)
+        if cutlass.const_expr(cfg.tail):
+            # Per tile, this lane's weight row from K = 0, clamped to N - 1: rows past N are read, never stored.
+            R = MMA_ROWS // S
+            w_rows = [
+                cute.recast_ptr(w, dtype=cutlass.Int32)
+                + cute.assume(cutlass.min(row0 + t * R + g // S, n - 1) * r_half, divby=4)
+                for t in range(TILES)
+            ]
+            w_lane = [p + koff for p in w_rows]
 
         # (stage buffer, step, tile, word) i32: 8 k of weight row g (g // S with slices) per step and tile
         wbuf = cute.make_rmem_tensor((D, cfg.unroll, TILES, 4), cutlass.Int32)
@@ -153,7 +183,7 @@ class SkinnyMma(Launcher):
         acc = cute.make_rmem_tensor((TILES, 4), cutlass.Float32)  # (tile, c0..c3) MMA accumulators
         acc.fill(0.0)
 
-        prefetch_weight(cfg, w, tidx, bidx * cfg.cols_per_cta, kk)
+        prefetch_weight(cfg, w, tidx, bidx * cfg.cols_per_cta, kk, n)
         # Fill all buffers but one; the weight may be read before the PDL wait, the tokens not.
         for j in cutlass.range_constexpr(D - 1):
             self.load_weight(w_lane, wbuf, j, j, r_half)
@@ -177,6 +207,8 @@ class SkinnyMma(Launcher):
         self.load_token(tokens, xbuf, D - 1, last)
         for j in cutlass.range_constexpr(D):
             self.mma_stage(wbuf, xbuf, acc, j, tokens)
+        if cutlass.const_expr(cfg.tail):
+            self.tail_steps(w_rows, tokens, acc, kk, krange, koff, wk, g, q)
 
         if cutlass.const_expr(S > 1):
             reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n)
@@ -200,9 +232,13 @@ class SkinnyMma(Launcher):
         for u in cutlass.range_constexpr(cfg.unroll):
             for t in cutlass.range_constexpr(cfg.mma_tiles):
                 # a step is 32 k per slice: 16 * S words along the row; a tile is 8 / S rows
-                off = cute.assume(t * (MMA_ROWS // S) * r_half + (stage * cfg.unroll + u) * 16 * S, divby=4)
+                if cutlass.const_expr(cfg.tail):
+                    # one pointer per tile (rows clamped to N - 1)
+                    ptr = w_lane[t] + cute.assume((stage * cfg.unroll + u) * 16 * S, divby=4)
+                else:
+                    ptr = w_lane + cute.assume(t * (MMA_ROWS // S) * r_half + (stage * cfg.unroll + u) * 16 * S, divby=4)
                 v = cute.arch.inline_ptx(
-                    ldg_stream_ptx(cfg.fetch), write_only_types=[cutlass.Int32] * 4, read_only_args=[(w_lane + off).toint()]
+                    ldg_stream_ptx(cfg.fetch), write_only_types=[cutlass.Int32] * 4, read_only_args=[ptr.toint()]
                 )
                 for e in cutlass.range_constexpr(4):
                     wbuf[buf, u, t, e] = v[e]
@@ -221,6 +257,42 @@ class SkinnyMma(Launcher):
                 v2 = cute.make_tensor(a_lane2 + off, cute.make_layout(4)).load()
                 for e in cutlass.range_constexpr(4):
                     xbuf[buf, u, 4 + e] = v2[e]
+
+    @cute.jit
+    def tail_steps(self, w_rows, tokens, acc, kk, krange, koff, wk, g, q):
+        """``tail``: K past the warps' whole steps, in 32 x slices-k steps dealt to the warps in turn.
+
+        A lane's 8 k lie wholly inside K or wholly past it (K is a multiple of 8). Past K its loads read
+        K = 0 of the same rows and its weight and token words are replaced by zeros (a bitwise select, so
+        an inf or nan there never meets a product). A row i and B column j of a kept product are loaded
+        by lanes of the same q and slice, so both are inside K or both are zero.
+        """
+        cfg = self.cfg
+        S = cfg.slices
+        WK = cfg.k_threads // WARP
+        STEP = MMA_K_STEP * S
+        a_lane, keep, a_lane2, keep2 = tokens
+        # the token pointers without this lane's main-loop K offset: token row starts
+        a_row = a_lane + (-koff)
+        a_row2 = a_lane2 + (-koff)
+        zero = mma_zero()
+        steps = (kk - krange + (STEP - 1)) // STEP
+        for s in cutlass.range(wk, steps, WK, unroll=1):
+            kpos = krange + s * STEP + (g % S) * 32 + q * 8
+            inside = (kpos - kk) >> 31  # all ones inside K, zero past it
+            word = cute.assume((kpos // 2) & inside, divby=4)
+            xv = cute.make_tensor(a_row + word, cute.make_layout(4)).load()
+            x = [xv[e] & keep & inside for e in range(4)]
+            x2 = None
+            if cutlass.const_expr(cfg.token_loads > 1):
+                xv2 = cute.make_tensor(a_row2 + word, cute.make_layout(4)).load()
+                x2 = [xv2[e] & keep2 & inside for e in range(4)]
+            for t in cutlass.range_constexpr(cfg.mma_tiles):
+                v = cute.arch.inline_ptx(
+                    ldg_stream_ptx(cfg.fetch), write_only_types=[cutlass.Int32] * 4,
+                    read_only_args=[(w_rows[t] + word).toint()],
+                )
+                mma_pair(acc, t, x, [v[e] & inside for e in range(4)], zero, x2)
 
     @cute.jit
     def mma_stage(self, wbuf, xbuf, acc, buf, tokens):
@@ -284,49 +356,51 @@ def reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank):
     """
     TILES = cfg.cols // MMA_ROWS
     WK = cfg.k_threads // WARP
+    # values per lane and tile: c0, c1 (token g), and with m > 8 c2, c3 (token g + 8)
+    V = 2 * cfg.token_loads
     g = lane // 4
     q = lane % 4
     has_res = residual.toint() != 0
     if cutlass.const_expr(WK > 1):
-        # (groups, WK, TILES * 2, 32) fp32: each K-split warp's c0, c1.
+        # (groups, WK, TILES * V, 32) fp32: each K-split warp's c0, c1 (c2, c3).
         sRed = cute.make_tensor(
-            cute.arch.alloc_smem(cutlass.Float32, cfg.groups * WK * TILES * 2 * WARP, alignment=16),
+            cute.arch.alloc_smem(cutlass.Float32, cfg.groups * WK * TILES * V * WARP, alignment=16),
             cute.make_layout(
-                (cfg.groups, WK, TILES * 2, WARP), stride=(WK * TILES * 2 * WARP, TILES * 2 * WARP, WARP, 1)
+                (cfg.groups, WK, TILES * V, WARP), stride=(WK * TILES * V * WARP, TILES * V * WARP, WARP, 1)
             ),
         )
-        for i in cutlass.range_constexpr(TILES * 2):
-            sRed[grp, wk, i, lane] = acc[i // 2, i % 2]
+        for i in cutlass.range_constexpr(TILES * V):
+            sRed[grp, wk, i, lane] = acc[i // V, i % V]
         cute.arch.sync_threads()
         if wk == 0:
-            for i in cutlass.range_constexpr(TILES * 2):
-                total = acc[i // 2, i % 2]
+            for i in cutlass.range_constexpr(TILES * V):
+                total = acc[i // V, i % V]
                 for j in cutlass.range_constexpr(1, WK):
                     total = total + sRed[grp, j, i, lane]
-                acc[i // 2, i % 2] = total
+                acc[i // V, i % V] = total
     if cutlass.const_expr(cfg.split > 1):
         # (split - 1, groups, TILES * 2, 32) fp32: the partials CTAs 1.. send to CTA 0. Every
         # CTA allocates it so the mapped offset is the same in each; only CTA 0's is used.
         sX = cute.make_tensor(
-            cute.arch.alloc_smem(cutlass.Float32, (cfg.split - 1) * cfg.groups * TILES * 2 * WARP, alignment=16),
+            cute.arch.alloc_smem(cutlass.Float32, (cfg.split - 1) * cfg.groups * TILES * V * WARP, alignment=16),
             cute.make_layout(
-                (cfg.split - 1, cfg.groups, TILES * 2, WARP),
-                stride=(cfg.groups * TILES * 2 * WARP, TILES * 2 * WARP, WARP, 1),
+                (cfg.split - 1, cfg.groups, TILES * V, WARP),
+                stride=(cfg.groups * TILES * V * WARP, TILES * V * WARP, WARP, 1),
             ),
         )
         cute.arch.inline_ptx(CLUSTER_WAIT_PTX)
         if wk == 0 and rank != 0:
-            for i in cutlass.range_constexpr(TILES * 2):
+            for i in cutlass.range_constexpr(TILES * V):
                 local = (sX.iterator + sX.layout((rank - 1, grp, i, lane))).toint()
                 remote = cute.arch.inline_ptx(MAPA_PTX, write_only_types=[cutlass.Int32], read_only_args=[local, cutlass.Int32(0)])
-                cute.arch.inline_ptx(ST_CLUSTER_PTX, read_only_args=[remote, acc[i // 2, i % 2]])
+                cute.arch.inline_ptx(ST_CLUSTER_PTX, read_only_args=[remote, acc[i // V, i % V]])
         cute.arch.inline_ptx(CLUSTER_SYNC_PTX)
         if wk == 0 and rank == 0:
-            for i in cutlass.range_constexpr(TILES * 2):
-                total = acc[i // 2, i % 2]
+            for i in cutlass.range_constexpr(TILES * V):
+                total = acc[i // V, i % V]
                 for r in cutlass.range_constexpr(cfg.split - 1):
                     total = total + sX[r, grp, i, lane]
-                acc[i // 2, i % 2] = total
+                acc[i // V, i % V] = total
             if g < cfg.m:
                 store_rows(cfg, acc, g, q, row0, out, residual, has_res, n)
     elif wk == 0 and g < cfg.m:
@@ -371,15 +445,21 @@ def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
         for r in cutlass.range_constexpr(WK):
             for sl in cutlass.range_constexpr(S):
                 total = total + sRed[grp, r, tok, col, sl]
-        store_output(out, residual, has_res, total, tok, row0 + col, n)
+        store_output(cfg, out, residual, has_res, total, tok, row0 + col, n)
 
 
 @cute.jit
 def store_rows(cfg, acc, g, q, row0, out, residual, has_res, n):
-    """Store token g's c0, c1 of every tile: weight rows 2q, 2q+1 of each 8-row tile from row0."""
-    for i in cutlass.range_constexpr(cfg.cols // MMA_ROWS * 2):
-        row = row0 + (i // 2) * MMA_ROWS + q * 2 + i % 2
-        store_output(out, residual, has_res, acc[i // 2, i % 2], g, row, n)
+    """Store token g's c0, c1 of every tile (weight rows 2q, 2q+1 of each 8-row tile from row0), with m > 8
+    also token g + 8's c2, c3."""
+    V = 2 * cfg.token_loads
+    for i in cutlass.range_constexpr(cfg.cols // MMA_ROWS * V):
+        row = row0 + (i // V) * MMA_ROWS + q * 2 + i % 2
+        if cutlass.const_expr(i % V < 2):
+            store_output(cfg, out, residual, has_res, acc[i // V, i % V], g, row, n)
+        else:
+            if g + MMA_ROWS < cfg.m:
+                store_output(cfg, out, residual, has_res, acc[i // V, i % V], g + MMA_ROWS, row, n)
 
 
 def compile_variant(cfg: KernelConfig, arch: str, dump_dir: str) -> bytes:

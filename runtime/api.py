@@ -10,8 +10,8 @@ import copy
 
 import torch
 
-from . import loader, ops
 from ..kernels.config import KernelConfig
+from . import loader, ops
 
 loader.install_hook()
 
@@ -19,15 +19,17 @@ loader.install_hook()
 def linear(x, weight, bias=None, residual=None):
     """Same result as F.linear(x, weight, bias) (+ residual); a planned cubin runs when one fits exactly.
 
+    A bias runs on a plan whose config has ``bias`` (the kernel adds it in fp32 before rounding);
+    a bias and a residual together always fall back to F.linear.
+
     The kernel may read ``weight`` before the kernel launched just before it on
     the stream has finished (programmatic dependent launch): the weight must not
     be written by that kernel, which holds for model parameters.
     """
-    if bias is None:
-        if not ops.tracing():
-            return ops.run(x, weight, residual)
-        if ops.may_dispatch(x, weight, residual):
-            return torch.ops.skinny_gemm.linear(x, weight, residual)
+    if not ops.tracing():
+        return ops.run(x, weight, residual, bias)
+    if ops.may_dispatch(x, weight, residual, bias):
+        return torch.ops.skinny_gemm.linear(x, weight, residual, bias)
     return ops.fallback(x, weight, bias, residual)
 
 

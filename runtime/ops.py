@@ -8,7 +8,6 @@ op with F.linear's output metadata and errors.
 """
 
 import warnings
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,23 +30,34 @@ def fallback(x, weight, bias=None, residual=None):
     return y if residual is None else y + residual
 
 
-def plan(x, weight, residual=None) -> Optional[loader.Launch]:
-    """The launch record that would run for these eager tensors, or None (then F.linear runs)."""
+def plan(x, weight, residual=None, bias=None) -> loader.Launch | None:
+    """The launch record that would run for these eager tensors, or None (then F.linear runs).
+
+    A bias runs only on a bias variant (whose 4th pointer is the bias); a residual only on a
+    variant without bias; both at once always fall back (the 40-byte ABI has one extra pointer).
+    """
     try:
-        return _plan(x, weight, residual)
+        return _plan(x, weight, residual, bias)
     except (RuntimeError, NotImplementedError):  # sparse, nested, mkldnn...: F.linear knows what to do
         return None
 
 
-def _plan(x, weight, residual):
+def _plan(x, weight, residual, bias):
     if type(x) not in _PLAIN or type(weight) not in _PLAIN or (residual is not None and type(residual) not in _PLAIN):
         return None
     if not x.is_cuda:
         return None
     if x.dtype is not _BF16 or weight.dtype is not _BF16 or weight.dim() != 2 or x.dim() == 0:
         return None
+    if bias is not None and (residual is not None or type(bias) not in _PLAIN):
+        return None
+    if residual is not None and type(residual) not in _PLAIN:
+        return None
     if torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
+        x.requires_grad
+        or weight.requires_grad
+        or (residual is not None and residual.requires_grad)
+        or (bias is not None and bias.requires_grad)
     ):
         return None
     n, k = weight.shape
@@ -69,24 +79,41 @@ def _plan(x, weight, residual):
         or residual.is_neg()
     ):
         return None
+    if bias is not None and (
+        type(bias) not in _PLAIN
+        or bias.dtype is not _BF16
+        or bias.get_device() != idx
+        or bias.shape != (n,)
+        or not bias.is_contiguous()
+        or bias.data_ptr() & 15
+        or bias.is_neg()
+    ):
+        return None
     if not loader.STATE.loaded:
         loader.ensure_loaded()
     dev = loader.DEVICES.get(idx)
     if dev is None:
         return None
     table = dev.table if dev.table is not None else dev.bind()
-    return table.get((n, k, x.numel() // k))
-
-
-def run(x, weight, residual=None):
-    """Eager skinny_gemm.linear without bias: the planned cubin when one fits exactly, else the fallback."""
-    rec = plan(x, weight, residual)
+    rec = table.get((n, k, x.numel() // k))
     if rec is None:
-        return fallback(x, weight, None, residual)
+        return None
+    if rec.variant.config.bias:
+        return None if residual is not None else rec
+    return None if bias is not None else rec
+
+
+def run(x, weight, residual=None, bias=None):
+    """Eager skinny_gemm.linear: the planned cubin when one fits exactly, else the fallback."""
+    rec = plan(x, weight, residual, bias)
+    if rec is None:
+        return fallback(x, weight, bias, residual)
     out = x.new_empty(x.shape[:-1] + (rec.n,))
     idx = x.get_device()
     stream = _raw_stream(idx) if _raw_stream is not None else torch.cuda.current_stream(idx).cuda_stream
-    args = (rec, x.data_ptr(), weight.data_ptr(), out.data_ptr(), 0 if residual is None else residual.data_ptr(), stream)
+    # The 4th pointer: the bias on a bias variant, else the residual (0 = none).
+    extra = bias if bias is not None else residual
+    args = (rec, x.data_ptr(), weight.data_ptr(), out.data_ptr(), 0 if extra is None else extra.data_ptr(), stream)
     if _current_device() == idx:
         err = loader.launch_raw(*args)
     else:
@@ -95,14 +122,14 @@ def run(x, weight, residual=None):
             err = loader.launch_raw(*args)
     if int(err) != 0:
         _launch_failed(idx, rec, err)
-        return fallback(x, weight, None, residual)
+        return fallback(x, weight, bias, residual)
     return out
 
 
 def _launch_failed(idx: int, rec: loader.Launch, err) -> None:
     """Drop a record the driver would not launch (warn once per variant and device); the caller falls back."""
     table = loader.DEVICES[idx].table
-    for key in [key for key, r in table.items() if r is rec]:
+    for key in [key for key, r in table.bound.items() if r is rec]:
         del table[key]
     if (idx, rec.variant.id) not in _failed:
         _failed.add((idx, rec.variant.id))
@@ -114,32 +141,40 @@ def _launch_failed(idx: int, rec: loader.Launch, err) -> None:
         )
 
 
-def may_dispatch(x, weight, residual=None) -> bool:
+def may_dispatch(x, weight, residual=None, bias=None) -> bool:
     """The checks that tracing can make (device, dtype, rank, autograd); the op decides the rest at run time."""
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         return False  # F.linear raises its own error (or, for a non-tensor residual, adds it)
-    if residual is not None and not isinstance(residual, torch.Tensor):
+    if bias is not None and residual is not None:
         return False
-    if residual is not None and (residual.device.type != "cuda" or residual.dtype != _BF16):
-        return False
+    for extra in (residual, bias):
+        if extra is not None and (
+            not isinstance(extra, torch.Tensor) or extra.device.type != "cuda" or extra.dtype != _BF16
+        ):
+            return False
     if torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (residual is not None and residual.requires_grad)
+        x.requires_grad
+        or weight.requires_grad
+        or (residual is not None and residual.requires_grad)
+        or (bias is not None and bias.requires_grad)
     ):
         return False
     return x.device.type == "cuda" and x.dtype == _BF16 and weight.dtype == _BF16 and weight.dim() == 2 and x.dim() > 0
 
 
 @torch.library.custom_op(
-    "skinny_gemm::linear", mutates_args=(), schema="(Tensor x, Tensor weight, Tensor? residual=None) -> Tensor"
+    "skinny_gemm::linear",
+    mutates_args=(),
+    schema="(Tensor x, Tensor weight, Tensor? residual=None, Tensor? bias=None) -> Tensor",
 )
-def linear_op(x, weight, residual=None):
+def linear_op(x, weight, residual=None, bias=None):
     """The opaque op: the same decision and launch as eager (run), made when the traced graph runs."""
-    return run(x, weight, residual)
+    return run(x, weight, residual, bias)
 
 
 @linear_op.register_fake
-def _linear_fake(x, weight, residual=None):
-    return fallback(x, weight, None, residual)
+def _linear_fake(x, weight, residual=None, bias=None):
+    return fallback(x, weight, bias, residual)
 
 
 def tracing() -> bool:

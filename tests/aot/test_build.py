@@ -110,3 +110,26 @@ def test_plan_cubins_unchanged_since_before_the_redesign(built, tmp_path):
         build.build_configs(arch, configs, [], out, plans.plan_path(arch), cache_dir=built["cache"], progress=False)
         for file, rec in cubins.items():
             assert hashlib.sha256((out / file).read_bytes()).hexdigest() == rec["sha256"], f"{arch}/{file}"
+
+
+def test_new_path_variants_build_with_the_shared_abi(built, tmp_path):
+    """The M <= 16, bias and tail variants the GPU suite runs (tests/helpers/new_paths.json) compile for
+    both archs to the shared symbol, ABI and block, and their manifest maps every case."""
+    from helpers import new_paths
+
+    cases = new_paths.cases()
+    assert {cfg.m for *_, cfg in cases} >= {1, 8, 16} and any(c.bias for *_, c in cases)
+    assert {k for _, _, k, cfg in cases if cfg.tail} >= {3696, 7392, 2880}
+    assert {n for _, n, _, cfg in cases if cfg.tail} >= {50272, 25136, 32776}
+    for arch in ARCHS:
+        out = new_paths.build(arch, tmp_path, cache_dir=built["cache"])
+        man = parse(out / "manifest.json", expected_arch=arch)
+        assert set(man.plans) == {(n, k, cfg.m) for _, n, k, cfg in cases}
+        for _, n, k, cfg in cases:
+            variant = man.variants[man.plans[(n, k, cfg.m)]]
+            assert variant.config == cfg
+            info = cubin.inspect((man.directory / variant.file).read_bytes())
+            assert info.arch == arch
+            kernel = info.kernels[cfg.symbol]
+            assert kernel.params == [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
+            assert tuple(kernel.reqntid) == (cfg.threads, 1, 1) == variant.block

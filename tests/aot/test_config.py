@@ -30,7 +30,7 @@ def test_sm121_plan_is_the_pull_request_set():
 @pytest.mark.parametrize(
     "kwargs, rule",
     [
-        (dict(m=9), "m range"),
+        (dict(m=17), "m range"),
         (dict(m=1, threads=100), "whole warps"),
         (dict(m=1, threads=256, k_threads=96), "k_threads split"),
         (dict(m=1, vec=3), "vector width"),
@@ -69,7 +69,7 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, slices=2.0), "slices"),
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, split=2.0), "split"),
         (dict(m=1, kind="mma", threads=256, cols=8, fetch=128.0), "fetch"),
-        (dict(m=9, kind="mma", threads=256, cols=8, prefetch=False, slices=2), "m range"),
+        (dict(m=17, kind="mma", threads=256, cols=8, prefetch=False, slices=2), "m range"),
         # 32 warps x 8 tokens x 32 columns x 2 slices x 4 B = 64 KB of slice partials
         (dict(m=8, kind="mma", threads=1024, k_threads=1024, cols=32, prefetch=False, slices=2), "shared memory"),
         # 16 rows are 8 tiles of 2: 4 x 8 + 8 stages x (4 x 8 weight + 4 x 2 token words) = 352 registers
@@ -136,6 +136,8 @@ def _variants(cfg):
         "split": 2,
         "persist": 528,
         "slices": 2,
+        "bias": True,
+        "tail": True,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes
@@ -166,3 +168,133 @@ def test_json_round_trip_and_unknown_fields():
     assert KernelConfig.from_json(cfg.to_json()) == cfg
     with pytest.raises(ConfigError, match="unknown config fields"):
         KernelConfig.from_json({**cfg.to_json(), "colour": 1})
+
+
+MMA = {"kind": "mma", "vec": 8, "unroll": 1, "stages": 4, "prefetch": False}
+
+
+@pytest.mark.parametrize("m", range(1, 17))
+def test_m_up_to_16_for_simt_and_mma(m):
+    KernelConfig(m=m, threads=256, k_threads=256, cols=1, unroll=2).check(n=4096, k=4096)
+    mma = KernelConfig(m=m, threads=256, k_threads=256, cols=8, **MMA)
+    mma.check(n=4096, k=4096)
+    assert mma.token_loads == (2 if m > 8 else 1)
+    if m <= 8:
+        KernelConfig(m=m, kind="bulk", threads=256, k_threads=256, cols=8, unroll=1, stages=4, prefetch=False).check()
+
+
+def test_m_above_8_doubles_the_unsliced_reduction_buffers():
+    """Past 8 tokens the accumulators' c2, c3 (A rows 8..15) are real outputs: the K-split warps share twice as much."""
+    m8, m16 = (KernelConfig(m=m, threads=256, k_threads=256, cols=8, **MMA) for m in (8, 16))
+    assert m16.mma_smem == 2 * m8.mma_smem
+    assert m16.register_rule[0] == m8.register_rule[0] + 4 * m8.stages * m8.unroll
+
+
+@pytest.mark.parametrize(
+    "kwargs, rule",
+    [
+        ({"m": 9, "kind": "bulk", "threads": 256, "k_threads": 256, "cols": 8, "prefetch": False}, "m range"),
+        ({"m": 1, "bias": 1}, "flags"),
+        ({"m": 1, "tail": "yes"}, "flags"),
+        ({"m": 1, "kind": "bulk", "threads": 256, "k_threads": 256, "cols": 8, "prefetch": False, "bias": True}, "bias"),
+        ({"m": 1, "kind": "bulk", "threads": 256, "k_threads": 256, "cols": 8, "prefetch": False, "tail": True}, "tail"),
+        ({"m": 1, "threads": 256, "cols": 8, "split": 2, "tail": True, **MMA}, "tail"),
+        ({"m": 1, "prefetch": False, "early": True, "persist": 528, "tail": True}, "tail"),
+        ({"m": 1, "static_k": 4096, "tail": True}, "tail"),
+        ({"m": 1, "static_k": -4096}, "static k"),
+        ({"m": 1, "static_k": 4096.0}, "static k"),
+        # 16 tokens x 2 columns: 32 + 2 x 18 x 4 = 176 registers
+        ({"m": 16, "threads": 256, "k_threads": 256, "cols": 2, "unroll": 2}, "register budget"),
+        ({"m": 16, "threads": 256, "cols": 8, "slices": 2, **MMA}, "slices"),
+    ],
+)
+def test_new_fields_name_their_rule(kwargs, rule):
+    with pytest.raises(ConfigError, match=f"rule '{rule}'"):
+        KernelConfig(**kwargs).check()
+
+
+TAIL_SHAPES = [(4096, 3696), (8192, 7392), (5120, 2880), (50272, 2880), (25136, 2880), (32776, 5376)]
+
+
+@pytest.mark.parametrize("n, k", TAIL_SHAPES)
+def test_tail_configs_serve_the_shapes_plain_ones_refuse(n, k):
+    simt = KernelConfig(m=4, threads=256, k_threads=64, cols=4, unroll=2)
+    mma = KernelConfig(m=16, threads=256, k_threads=128, cols=16, **MMA)
+    for cfg in (simt, mma):
+        with pytest.raises(ConfigError, match="rule '(k|n) divisible'"):
+            cfg.check(n=n, k=k)
+        tail = dataclasses.replace(cfg, tail=True)
+        tail.check(n=n, k=k)
+        dataclasses.replace(tail, bias=True).check(n=n, k=k)
+        assert tail.grid(n) == -(-n // tail.cols_per_cta)
+
+
+def test_tail_shape_rules_name_the_rule():
+    tail = KernelConfig(m=1, threads=256, k_threads=256, cols=4, unroll=2, tail=True)
+    tail.check(n=7, k=4104)
+    with pytest.raises(ConfigError, match="rule 'k tail'"):
+        tail.check(n=4096, k=4100)  # not 16-byte rows
+    with pytest.raises(ConfigError, match="rule 'k tail'"):
+        tail.check(n=4096, k=2048)  # below one step of 256 x 8 x 2
+    with pytest.raises(ConfigError, match="rule 'n positive'"):
+        tail.check(n=0, k=4096)
+    with pytest.raises(ConfigError, match="rule 'int32 offsets'"):
+        tail.check(n=1 << 19, k=4096)
+    assert (tail.grid(4096), tail.grid(4097)) == (1024, 1025)
+
+
+def test_bias_and_tail_change_nothing_when_off():
+    """Configs written before the fields existed keep their names (and so their cubins' symbols)."""
+    cfg = KernelConfig(m=2, kind="mma", threads=256, k_threads=256, cols=8, unroll=1, stages=4, prefetch=False)
+    assert cfg.name == "mma_m2_t256_kt256_c8_v8_u1_kdyn_pdl_s4"
+    assert KernelConfig.from_json({k: v for k, v in cfg.to_json().items() if k not in ("bias", "tail")}) == cfg
+
+
+REQUIRED = [*TAIL_SHAPES, (4096, 4096), (6416, 4096), (38720, 4096), (2048, 1536)]
+
+
+@pytest.mark.parametrize("n, k", REQUIRED)
+@pytest.mark.parametrize("bias", [False, True])
+def test_heuristic_serves_the_issue_shapes_at_every_first_class_m(n, k, bias):
+    for m in (1, 2, 3, 4, 8, 16):
+        cfg = plans.heuristic_config(n, k, m, bias=bias)
+        cfg.check(n=n, k=k)
+        assert (cfg.m, cfg.bias) == (m, bias)
+        assert cfg.tail == bool(k % cfg.k_step or n % cfg.cols_per_cta), "a tail only where the shape needs it"
+
+
+@pytest.mark.parametrize(
+    "n, k, m, rule",
+    [(4096, 4100, 1, "k tail"), (4096, 4096, 17, "m range"), (0, 4096, 1, "positive"), (4096, 4096, 0, "positive"),
+     (1 << 20, 4096, 1, "int32 offsets"), (4096, 4096.0, 1, "positive")],
+)
+def test_heuristic_refuses_with_plan_error_naming_the_rule(n, k, m, rule):
+    with pytest.raises(plans.PlanError, match=f"rule '{rule}'"):
+        plans.heuristic_config(n, k, m)
+
+
+def test_heuristic_never_raises_another_error_on_small_or_odd_shapes():
+    for n in (1, 3, 8, 100, 4097):
+        for k in (8, 64, 200, 456, 1000, 2056):
+            for m in (1, 5, 16):
+                try:
+                    plans.heuristic_config(n, k, m).check(n=n, k=k)
+                except plans.PlanError as exc:
+                    assert "rule '" in str(exc)
+
+
+def test_heuristic_keeps_the_committed_sm121_table():
+    """The seed rule is unchanged: it re-derives every config of kernels/plans/sm_121.json."""
+    _, entries = plans.load(plans.plan_path("sm_121"))
+    for e in entries:
+        assert plans.heuristic_config(e.n, e.k, e.m) == e.config, (e.n, e.k, e.m)
+        assert plans.heuristic_rule(e.config) == e.provenance["rule"]
+
+
+def test_json_leaves_new_fields_out_when_off():
+    """Plan tables and manifests written before bias and tail existed stay byte-identical."""
+    cfg = KernelConfig(m=1)
+    assert "bias" not in cfg.to_json() and "tail" not in cfg.to_json()
+    on = dataclasses.replace(cfg, bias=True, tail=True)
+    assert on.to_json()["bias"] is True and on.to_json()["tail"] is True
+    assert KernelConfig.from_json(on.to_json()) == on and KernelConfig.from_json(cfg.to_json()) == cfg

@@ -225,7 +225,7 @@ def test_fuzz_matches_f_linear(dev):
         expected = F.linear(x, w, bias)
         if residual is not None:
             expected = expected + residual
-        rec = ops.plan(x, w, residual) if bias is None else None
+        rec = ops.plan(x, w, residual, bias)
         if rec is not None:
             poison_allocator(expected.shape, "cuda")
         y = skinny_gemm.linear(x, w, bias, residual)
@@ -257,7 +257,8 @@ def test_fuzz_matches_f_linear(dev):
         else:
             ran["kernel"] += 1
             assert not grad and x.dtype == BF16
-            assert_within_bound(y, x, w, residual, what=what)
+            added = residual if bias is None else bias.expand(expected.shape)  # a plan never takes both
+            assert_within_bound(y, x, w, added, what=what)
     print(f"\nfuzz: {ran}")
     assert ran["kernel"] >= 50 and ran["fallback"] >= 50, ran
 
@@ -655,3 +656,144 @@ def test_host_overhead_vs_f_linear(dev):
     # than F.linear's own dispatch (measured within 1 us of it on the H200).
     med = {name: statistics.median(t) for name, t in times.items()}
     assert med["skinny_gemm.linear"] <= med["F.linear"] + 5.0
+
+
+# The new kernel paths (M up to 16, bias, K and N tails): test-only variants compiled on the CPU machine
+# (tests/helpers/new_paths.py; the GPU machine has no cutlass), loaded with loader.load_dir.
+
+
+@pytest.fixture(scope="module")
+def new_paths_table(dev):
+    """The new-path variants' table on this GPU: SKINNY_TEST_NEW_PATHS=<root holding <arch>/manifest.json>."""
+    from helpers import new_paths
+
+    root = os.environ.get(new_paths.ENV)
+    if not root:
+        pytest.skip(f"{new_paths.ENV} is not set: build the new-path variants with tests/helpers/new_paths.py (needs cutlass)")
+    table = loader.load_dir(Path(root) / dev.arch, torch.cuda.current_device())
+    assert table.library.error is None and not table.library.refused and not table.refused, table.library.problems()
+    return table, new_paths.cases()
+
+
+def _bias(n, scale, gen):
+    return random_tensor((n,), "cuda", scale, generator=gen)
+
+
+def _launch_guarded(rec, x, w, extra, m, n):
+    """Launch into a poisoned output followed by 256 sentinel elements; returns (out, sentinel intact)."""
+    buf = torch.full((m * n + 256,), 12352.0, dtype=BF16, device="cuda")
+    poison_(buf[: m * n])
+    loader.launch(rec, x.data_ptr(), w.data_ptr(), buf.data_ptr(), ptr(extra), stream())
+    torch.cuda.synchronize()
+    return buf[: m * n].view(m, n), bool((buf[m * n:] == 12352.0).all())
+
+
+def test_new_paths_eager_against_float64(new_paths_table):
+    """Every new-path variant, scales 1, 1e-3, 1e3, with its 4th pointer (bias or residual) and without;
+    nothing is written past the output (the last CTA's columns past N)."""
+    table, cases = new_paths_table
+    gen = torch.Generator(device="cuda").manual_seed(14)
+    failures = []
+    for why, n, k, cfg in cases:
+        m, rec, w = cfg.m, table.table[(n, k, cfg.m)], weight(n, k)
+        for scale in SCALES:
+            for with_extra in (False, True):
+                x = random_tensor((m, k), "cuda", scale, generator=gen)
+                extra = None
+                if with_extra:
+                    extra = _bias(n, scale, gen) if cfg.bias else random_tensor((m, n), "cuda", scale, generator=gen)
+                out, intact = _launch_guarded(rec, x, w, extra, m, n)
+                added = None if extra is None else extra.expand(m, n)
+                what = f"{why}: {cfg.name} (n={n}, k={k}, m={m}) scale {scale} {'bias' if cfg.bias else 'residual'} {with_extra}"
+                if not intact:
+                    failures.append(f"{what}: wrote past the output")
+                try:
+                    assert_within_bound(out, x, w, added, what=what)
+                except AssertionError as exc:
+                    failures.append(str(exc))
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_new_paths_negative_control(new_paths_table):
+    """The check above fails on a wrong result: a bias variant launched without its bias, compared with it."""
+    table, cases = new_paths_table
+    why, n, k, cfg = next(c for c in cases if c[3].bias)
+    gen = torch.Generator(device="cuda").manual_seed(15)
+    x, b = random_tensor((cfg.m, k), "cuda", generator=gen), _bias(n, 1.0, gen)
+    out, _ = _launch_guarded(table.table[(n, k, cfg.m)], x, weight(n, k), None, cfg.m, n)
+    with pytest.raises(AssertionError, match="out of bound"):
+        assert_within_bound(out, x, weight(n, k), b.expand(cfg.m, n), what=why)
+
+
+def test_new_paths_keep_inf_and_nan_where_they_are(new_paths_table):
+    """A NaN in the last weight row and an inf in token 0's last k (inside the K tail) reach only their own
+    outputs: the masked tail loads and the clamped rows past N never carry them elsewhere."""
+    table, cases = new_paths_table
+    gen = torch.Generator(device="cuda").manual_seed(16)
+    failures = []
+    for why, n, k, cfg in cases:
+        if not cfg.tail or cfg.m < 2:
+            continue
+        m = cfg.m
+        x = random_tensor((m, k), "cuda", generator=gen)
+        w = weight(n, k).clone()
+        w[n - 1, 0] = float("nan")
+        x[0, k - 1] = float("inf")
+        out, intact = _launch_guarded(table.table[(n, k, m)], x, w, None, m, n)
+        what = f"{why}: {cfg.name} (n={n}, k={k}, m={m})"
+        special = torch.zeros(m, n, dtype=torch.bool, device="cuda")
+        special[0, :] = True
+        special[:, n - 1] = True
+        if not intact:
+            failures.append(f"{what}: wrote past the output")
+        if not bool(out[1:, n - 1].isnan().all()) or not bool((~out[0, :].isfinite()).all()):
+            failures.append(f"{what}: an inf/nan output of the real data went missing")
+        try:
+            xs, ws = x[1:], w[: n - 1]
+            assert_within_bound(out[1:, : n - 1], xs, ws, what=what)
+        except AssertionError as exc:
+            failures.append(str(exc))
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_new_paths_dispatch_eager_and_graph_replay(new_paths_table, dev, monkeypatch):
+    """skinny_gemm.linear(x, w, bias) / (x, w, residual=r) with the new-path table as this GPU's: the planned
+    record runs, eagerly and under CUDA graph replay, within the float64 bound."""
+    table, cases = new_paths_table
+    monkeypatch.setitem(loader.DEVICES, torch.cuda.current_device(), table)
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    failures = []
+    for why, n, k, cfg in cases:
+        m, w = cfg.m, weight(n, k)
+        xs = random_tensor((m, k), "cuda", generator=gen)
+        if cfg.bias:
+            bias, res = _bias(n, 1.0, gen), None
+        else:
+            bias, res = None, random_tensor((m, n), "cuda", generator=gen)
+        assert ops.plan(xs, w, res, bias) is table.table[(n, k, m)], why
+        added = (bias.expand(m, n) if bias is not None else res)
+        poison_allocator((m, n), "cuda")
+        y = skinny_gemm.linear(xs, w, bias, res)
+        torch.cuda.synchronize()
+        try:
+            assert_within_bound(y, xs, w, added, what=f"{why} eager linear")
+        except AssertionError as exc:
+            failures.append(str(exc))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = skinny_gemm.linear(xs, w, bias, res)
+        for scale in SCALES:
+            xs.copy_(random_tensor((m, k), "cuda", scale, generator=gen))
+            if bias is not None:
+                bias.copy_(_bias(n, scale, gen))
+            else:
+                res.copy_(random_tensor((m, n), "cuda", scale, generator=gen))
+            poison_(y)
+            graph.replay()
+            torch.cuda.synchronize()
+            try:
+                assert_within_bound(y, xs, w, added, what=f"{why} replay scale {scale}")
+            except AssertionError as exc:
+                failures.append(str(exc))
+        del graph
+    assert not failures, "\n".join(failures[:20])

@@ -18,7 +18,8 @@ BF16 = torch.bfloat16
 def test_opcheck():
     x, w = torch.randn(3, 64, dtype=BF16), torch.randn(32, 64, dtype=BF16)
     r = torch.randn(3, 32, dtype=BF16)
-    for args in ((x, w, None), (x, w, r), (x[0], w, None)):
+    b = torch.randn(32, dtype=BF16)
+    for args in ((x, w, None), (x, w, r), (x[0], w, None), (x, w, None, b), (x[0], w, None, b)):
         torch.library.opcheck(torch.ops.skinny_gemm.linear.default, args)
 
 
@@ -59,15 +60,26 @@ def test_fake_follows_f_linear_metadata():
             torch.ops.skinny_gemm.linear(x, fake_cuda(32, 63), None)
 
 
+def test_tracing_a_bias_sees_one_opaque_op():
+    with FakeTensorMode():
+        x, w, b = fake_cuda(2, 3, 64), fake_cuda(32, 64), fake_cuda(32)
+        gm = make_fx(lambda x, w, b: skinny_gemm.linear(x, w, b))(x, w, b)
+        y = skinny_gemm.linear(x, w, b)
+    assert ops_in(gm) == [torch.ops.skinny_gemm.linear.default]
+    assert y.shape == (2, 3, 32) and y.dtype == BF16
+
+
 @pytest.mark.parametrize(
     "case",
-    ["bias", "fp16", "fp32_weight", "cpu", "weight_3d"],
+    ["bias_and_residual", "fp32_bias", "fp16", "fp32_weight", "cpu", "weight_3d"],
 )
 def test_tracing_keeps_f_linear_where_no_plan_can_run(case):
     with FakeTensorMode():
-        x, w, b = fake_cuda(2, 64), fake_cuda(32, 64), None
-        if case == "bias":
-            b = fake_cuda(32)
+        x, w, b, r = fake_cuda(2, 64), fake_cuda(32, 64), None, None
+        if case == "bias_and_residual":
+            b, r = fake_cuda(32), fake_cuda(2, 32)  # one extra pointer in the ABI: never both
+        elif case == "fp32_bias":
+            b = fake_cuda(32, dtype=torch.float32)
         elif case == "fp16":
             x, w = fake_cuda(2, 64, dtype=torch.float16), fake_cuda(32, 64, dtype=torch.float16)
         elif case == "fp32_weight":
@@ -77,11 +89,11 @@ def test_tracing_keeps_f_linear_where_no_plan_can_run(case):
         elif case == "weight_3d":
             w = fake_cuda(1, 32, 64)
 
-        def f(x, w, b):
-            return skinny_gemm.linear(x, w, b)
+        def f(x, w, b, r):
+            return skinny_gemm.linear(x, w, b, r)
 
         try:
-            gm = make_fx(f)(x, w, b)
+            gm = make_fx(f)(x, w, b, r)
         except RuntimeError:
             assert case in ("fp32_weight", "weight_3d")  # F.linear's own error
             return
@@ -222,3 +234,84 @@ def test_failed_launch_warns_once_and_falls_back(fake_dispatch, monkeypatch):
         assert ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000)) == "fallback"
     assert (n, k, m) not in loader.DEVICES[0].table
     assert ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000)) == "fallback"
+
+
+@pytest.fixture(scope="module")
+def new_paths_built(tmp_path_factory):
+    """The test-only variants (tests/helpers/new_paths.json) built for sm_90a: bias plans at (4096, 4096, 1/4)."""
+    pytest.importorskip("cutlass", reason="building artifacts needs nvidia-cutlass-dsl")
+    from helpers import new_paths
+
+    root = tmp_path_factory.mktemp("new_paths")
+    new_paths.build("sm_90a", root)
+    return root
+
+
+@pytest.fixture
+def bias_dispatch(monkeypatch, fresh, new_paths_built):
+    """ops.run against a FakeDriver H200 loaded with the new-path variants; returns (fake driver, fallback calls)."""
+    monkeypatch.setenv(loader.ENV_ARTIFACTS, str(new_paths_built))
+    monkeypatch.setattr(ops, "_PLAIN", ops._PLAIN + (FakeCuda,))
+    monkeypatch.setattr(ops, "_raw_stream", lambda idx: 1234)
+    monkeypatch.setattr(ops, "_current_device", lambda: 0)
+    fallbacks = []
+    monkeypatch.setattr(ops, "fallback", lambda *args: fallbacks.append(args) or "fallback")
+    fake = fresh()
+    table = loader.DEVICES[0].table
+    assert table[(4096, 4096, 1)].variant.config.bias and not table[(4096, 4096, 8)].variant.config.bias
+    return fake, fallbacks
+
+
+def test_bias_runs_a_bias_plan_with_the_bias_as_4th_pointer(bias_dispatch):
+    fake, fallbacks = bias_dispatch
+    x, w, b = FakeCuda((1, 4096), 0x1000), FakeCuda((4096, 4096), 0x2000), FakeCuda((4096,), 0x4000)
+    rec = loader.DEVICES[0].table[(4096, 4096, 1)]
+    y = skinny_gemm.linear(x, w, b)
+    assert fallbacks == [] and isinstance(y, FakeCuda) and y.shape == (1, 4096)
+    launch = fake.launches[-1]
+    assert (launch["a"], launch["w"], launch["out"], launch["residual"]) == (0x1000, 0x2000, 0x9000, 0x4000)
+    assert launch["fn"] is rec.function and launch["grid"] == (rec.grid, 1, 1)
+    # a bias variant also serves a call with neither bias nor residual: the 4th pointer is 0
+    ops.run(x, w)
+    assert fake.launches[-1]["residual"] == 0 and len(fake.launches) == 2
+    # the mma bias variant at M = 4
+    ops.run(FakeCuda((4, 4096), 0x1000), w, None, b)
+    assert fake.launches[-1]["residual"] == 0x4000
+    assert fake.launches[-1]["fn"] is loader.DEVICES[0].table[(4096, 4096, 4)].function
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["residual on a bias plan", "bias and residual", "bias on a plain plan", "bias fp32", "bias shape", "bias 2-d",
+     "bias misaligned", "bias strided", "bias neg", "bias grad", "bias not a tensor"],
+)
+def test_bias_falls_back(bias_dispatch, case):
+    fake, fallbacks = bias_dispatch
+    m = 1
+    x, w, b, r = FakeCuda((1, 4096), 0x1000), FakeCuda((4096, 4096), 0x2000), FakeCuda((4096,), 0x4000), None
+    if case == "residual on a bias plan":
+        b, r = None, FakeCuda((1, 4096), 0x3000)
+    elif case == "bias and residual":
+        r = FakeCuda((1, 4096), 0x3000)
+    elif case == "bias on a plain plan":
+        m = 8
+        x = FakeCuda((8, 4096), 0x1000)
+    elif case == "bias fp32":
+        b.dtype = torch.float32
+    elif case == "bias shape":
+        b = FakeCuda((4097,), 0x4000)
+    elif case == "bias 2-d":
+        b = FakeCuda((1, 4096), 0x4000)
+    elif case == "bias misaligned":
+        b.ptr += 2
+    elif case == "bias strided":
+        b.contiguous = False
+    elif case == "bias neg":
+        b.neg = True
+    elif case == "bias grad":
+        b.requires_grad = True
+    elif case == "bias not a tensor":
+        b = [0.0] * 4096
+    assert (4096, 4096, m) in loader.DEVICES[0].table
+    assert ops.run(x, w, r, b) == "fallback" and fake.launches == []
+    assert fallbacks == [(x, w, b, r)], "the fallback gets the bias and the residual"

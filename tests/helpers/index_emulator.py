@@ -1,0 +1,130 @@
+"""A CPU emulator of which weight rows, tokens and k each thread of a kernel reads and where its sums go.
+
+It follows the index math of kernels/skinny_gemm.py ("simt") and kernels/skinny_mma.py ("mma", split 1)
+for a config and a shape, including the ``tail`` path: the warps' whole K steps, the masked tail steps,
+rows clamped to N - 1 and the store guard. ``coverage`` returns, per stored output (token, row), how many
+times each k was added into it, plus every out-of-bounds read; a correct mapping adds each k exactly once
+into each output and reads nothing outside the weight and the tokens.
+
+For "mma" it also checks the fragment claim the kernel relies on: in every product that the epilogue
+keeps (A row i and B column j of one slice), the two lanes that load A row i and B column j read the
+same k (m16n8k16: A row i's k slots come from lane (i % 8, q), B column j's from lane (j, q)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+WARP = 32
+MMA_ROWS = 8
+
+
+class Reads:
+    """Counts per (token, row, k) of what reaches a stored output, and the reads that leave the tensors."""
+
+    def __init__(self, cfg, n, k):
+        self.cfg, self.n, self.k = cfg, n, k
+        self.acc = {}  # (thread id, slot) -> list of (token, row, k0, length)
+        self.bad = []
+
+    def read_w(self, row, k0, length):
+        if not (0 <= row < self.n and 0 <= k0 and k0 + length <= self.k):
+            self.bad.append(("weight", row, k0, length))
+
+    def read_a(self, token, k0, length):
+        if not (0 <= token < self.cfg.m and 0 <= k0 and k0 + length <= self.k):
+            self.bad.append(("tokens", token, k0, length))
+
+
+def coverage(cfg, n, k):
+    """(counts[m, n, k] of k added into each stored output, stored[m, n] times each output was written, bad reads)."""
+    counts = np.zeros((cfg.m, n, k), dtype=np.int32)
+    stored = np.zeros((cfg.m, n), dtype=np.int32)
+    reads = Reads(cfg, n, k)
+    emulate = _simt if cfg.kind == "simt" else _mma
+    for cta in range(cfg.grid(n)):
+        emulate(cfg, n, k, cta, reads, counts, stored)
+    return counts, stored, reads.bad
+
+
+def _row(cfg, col, n):
+    return min(col, n - 1) if cfg.tail else col
+
+
+def _simt(cfg, n, k, cta, reads, counts, stored):
+    KT, VEC, U, COLS = cfg.k_threads, cfg.vec, cfg.unroll, cfg.cols
+    step = KT * VEC * U
+    for tid in range(cfg.threads):
+        kt, grp = tid % KT, tid // KT
+        col0 = cta * cfg.cols_per_cta + grp * COLS
+        terms = []  # (col j, k0): one VEC-vector of every token against column j
+        for trip in range(k // step):
+            for u in range(U):
+                terms += [(j, kt * VEC + trip * step + u * KT * VEC) for j in range(COLS)]
+        if cfg.tail:
+            koff = kt * VEC + k // step * step
+            for u in range(U):
+                ku = koff + u * KT * VEC
+                if ku < k:  # the kernel's guard: the load is not issued past K
+                    terms += [(j, ku) for j in range(COLS)]
+        for j, k0 in terms:
+            reads.read_w(_row(cfg, col0 + j, n), k0, VEC)
+            for m in range(cfg.m):
+                reads.read_a(m, k0, VEC)
+        # the group's sum of slot (m, j) is stored once, by thread kt == (m * COLS + j) % KT
+        for j, k0 in terms:
+            col = col0 + j
+            if col < n:
+                counts[:, col, k0:k0 + VEC] += 1
+        if kt == 0:
+            for j in range(COLS):
+                if col0 + j < n or not cfg.tail:
+                    stored[:, col0 + j] += 1
+
+
+def _mma(cfg, n, k, cta, reads, counts, stored):
+    assert cfg.split == 1, "the emulator follows the split-1 path"
+    S, WK, D, U = cfg.slices, cfg.k_threads // WARP, cfg.stages, cfg.unroll
+    R = MMA_ROWS // S
+    tiles = cfg.mma_tiles
+    krange = k // cfg.k_step * cfg.k_step if cfg.tail else k
+    tail_step = 32 * S
+    for warp in range(cfg.threads // WARP):
+        wk, grp = warp % WK, warp // WK
+        row0 = cta * cfg.cols_per_cta + grp * cfg.cols
+        # per lane (g, q): the k positions (8 each) it loads, each inside K or masked to zero
+        kpos = {}
+        for g in range(8):
+            for q in range(4):
+                base = wk * (krange // WK) + (g % S) * 32 + q * 8
+                ks = [base + st * tail_step for st in range(k // cfg.k_step * D * U)]
+                if cfg.tail:
+                    for s in range(wk, -(-(k - krange) // tail_step), WK):
+                        kp = krange + s * tail_step + (g % S) * 32 + q * 8
+                        ks.append(kp if kp < k else None)  # None: the words are zeros (address: K = 0)
+                kpos[g, q] = ks
+                for kp in ks:
+                    for t in range(tiles):
+                        reads.read_w(_row(cfg, row0 + t * R + g // S, n), 0 if kp is None else kp, 8)
+                    for i in (g, g + 8)[: cfg.token_loads]:
+                        tok = i // S
+                        reads.read_a(tok if tok < cfg.m else 0, 0 if kp is None else kp, 8)
+        for t in range(tiles):
+            for i in range(16):  # A row: token i // S at slice i % S
+                for j in range(8):  # B column: weight row t * R + j // S at slice j % S
+                    if i % S != j % S:
+                        continue  # products of different slices are discarded by the epilogue
+                    tok, row = i // S, row0 + t * R + j // S
+                    if tok >= cfg.m or (i >= 8 and cfg.token_loads == 1):
+                        continue  # padding rows (or rows 8..15 that no lane loads)
+                    for q in range(4):
+                        a_ks, b_ks = kpos[i % 8, q], kpos[j, q]
+                        assert a_ks == b_ks, f"lanes ({i % 8},{q}) and ({j},{q}) read different k"
+                        if row < n:
+                            for kp in a_ks:
+                                if kp is not None:
+                                    counts[tok, row, kp:kp + 8] += 1
+        if wk == 0:
+            for col in range(cfg.cols):
+                if row0 + col < n or not cfg.tail:
+                    stored[:, row0 + col] += 1
