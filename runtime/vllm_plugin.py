@@ -283,10 +283,10 @@ def _after_warm_up(original):
     @functools.wraps(original)
     def compile_or_warm_up_model(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        try:
-            model = self.model_runner.get_model()
-        except Exception:  # a runner without a model (a pooling or draft-only worker): nothing to report
-            model = None
+        runner = getattr(self, "model_runner", None)
+        # A worker without a model (not loaded, or a runner with none): nothing to report. get_model()
+        # unwraps vLLM's CUDA-graph wrappers.
+        model = runner.get_model() if getattr(runner, "model", None) is not None else None
         if isinstance(model, torch.nn.Module):
             logger.info("%s", summary(model))
         return result
@@ -334,7 +334,10 @@ def _is_router(layer) -> bool:
 def _is_candidate(quant_method, layer) -> bool:
     """Exactly vLLM's unquantized linear method (not on a MoE router), or its embedding method on an LM head."""
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import (
+        ParallelLMHead,
+        UnquantizedEmbeddingMethod,
+    )
 
     # Subclasses of the method replace apply; routers use the plain method but run their own GEMMs.
     if type(quant_method) is UnquantizedLinearMethod:
@@ -373,7 +376,7 @@ def _head_dtype():
 
 def match_layer(quant_method, layer, shape, dtype, device) -> LayerMatch:
     """Decide one layer from its loaded weight's shape, dtype and device; ``layer`` as vLLM's processing left it."""
-    import vllm.envs as envs
+    from vllm import envs
     from vllm.model_executor.layers.utils import dispatch_unquantized_gemm
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 

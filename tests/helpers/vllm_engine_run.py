@@ -53,7 +53,7 @@ def write_tiny_llama(folder: Path) -> Path:
     return folder
 
 
-def make_site(folder: Path, with_skinny_gemm: bool = True) -> Path:
+def make_site(folder: Path, with_skinny_gemm: bool = True, with_test_plugin: bool = True) -> Path:
     """A folder for PYTHONPATH laid out like site-packages after installing the wheel (plus the test plugin).
 
     ``skinny_gemm/`` links the checkout's folders as the wheel maps them, and
@@ -71,7 +71,8 @@ def make_site(folder: Path, with_skinny_gemm: bool = True) -> Path:
             if (ROOT / sub).is_dir():
                 (package / sub).symlink_to(ROOT / sub)
         _dist_info(folder, "skinny_gemm", "skinny_gemm = skinny_gemm.runtime.vllm_plugin:register")
-    _dist_info(folder, "skinny_gemm_vllm_test", f"{TEST_PLUGIN} = vllm_test_plans:register")
+    if with_test_plugin:
+        _dist_info(folder, "skinny_gemm_vllm_test", f"{TEST_PLUGIN} = vllm_test_plans:register")
     return folder
 
 
