@@ -103,7 +103,7 @@ def _head(c: _Fields, tp: int, dtype: str = "bf16") -> Linear:
     return Linear("lm_head", "lm_head", _split(vocab, tp, "padded vocab", c.source), c.int("hidden_size"), 1, dtype)
 
 
-def _attention(c: _Fields, tp: int, dtype: str, bias: bool) -> list[Linear]:
+def _attention(c: _Fields, tp: int, dtype: str, bias: bool, o_bias: bool = False) -> list[Linear]:
     hidden, heads = c.int("hidden_size"), c.int("num_attention_heads")
     kv_heads = c.int("num_key_value_heads", heads)
     head_dim = c.int("head_dim", hidden // heads)
@@ -113,7 +113,7 @@ def _attention(c: _Fields, tp: int, dtype: str, bias: bool) -> list[Linear]:
     local_kv = max(1, kv_heads // tp)
     return [
         Linear("qkv_proj", "linear", (local + 2 * local_kv) * head_dim, hidden, layers, dtype, bias),
-        Linear("o_proj", "linear", hidden, local * head_dim, layers, dtype, bool(c.get("o_bias", False))),
+        Linear("o_proj", "linear", hidden, local * head_dim, layers, dtype, o_bias),
     ]
 
 
@@ -144,10 +144,13 @@ def _checkpoint_dtype(c: _Fields, arch: str) -> str:
 
 def _dense(c: _Fields, tp: int, arch: str) -> list[Linear]:
     dtype = _checkpoint_dtype(c, arch)
-    # Qwen2 always has a qkv bias; the others say so in attention_bias.
-    bias = arch == "Qwen2ForCausalLM" or bool(c.get("attention_bias", False))
+    # Qwen2 always has a qkv bias (and none on o_proj); Llama and Mistral put attention_bias on both.
+    attention_bias = bool(c.get("attention_bias", False))
+    bias = arch == "Qwen2ForCausalLM" or attention_bias
+    o_bias = attention_bias and arch in ("LlamaForCausalLM", "MistralForCausalLM")
     layers = c.int("num_hidden_layers")
-    return [*_attention(c, tp, dtype, bias), *_mlp(c, tp, c.int("intermediate_size"), layers, dtype), _head(c, tp)]
+    mlp = _mlp(c, tp, c.int("intermediate_size"), layers, dtype)
+    return [*_attention(c, tp, dtype, bias, o_bias), *mlp, _head(c, tp)]
 
 
 def _moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
@@ -233,7 +236,8 @@ def catalogue_linears(slug: str, tp: int) -> tuple[str, list[Linear]]:
             continue
         n, k = shapes[str(tp)]
         kind = spec.get("kind", "lm_head" if name == "lm_head" else "linear")
-        plugin = spec.get("plugin", CANDIDATE)
+        # The catalogue's "bias" predates biased routes: such a layer is a candidate with a bias.
+        plugin = CANDIDATE if spec.get("plugin") in (None, "bias") else spec["plugin"]
         out.append(Linear(name, kind, n, k, spec.get("calls_per_step", 0), spec.get("dtype", "bf16"),
                           bool(spec.get("bias", False)), plugin))
     if not out:
@@ -274,16 +278,20 @@ def wheel_archs() -> list[str]:
     return [arch for arch in sorted(CAPABILITY_FOR_ARCH) if (root / arch / MANIFEST_NAME).is_file()]
 
 
-def planned(arch: str, plan_file: Path | None = None) -> tuple[dict[tuple[int, int], set[int]], str]:
-    """(n, k) -> planned M for ``arch``, and where they come from: the wheel's manifest, else the plan table."""
+def planned(arch: str, plan_file: Path | None = None) -> tuple[dict[tuple[int, int], dict[int, bool]], str]:
+    """(n, k) -> {planned M: whether its config adds a bias} for ``arch``, and where the plans come from: the
+    wheel's manifest, else the plan table."""
     manifest = artifacts_root() / arch / MANIFEST_NAME
     if plan_file is None and manifest.is_file():
         try:
-            keys = parse(manifest).plans
+            parsed = parse(manifest)
         except ManifestError as exc:
             raise CoverageError(str(exc)) from None
         source = f"{arch} manifest"
-        entries = [{"n": n, "k": k, "m": m} for n, k, m in keys]
+        entries = [
+            {"n": n, "k": k, "m": m, "config": {"bias": getattr(parsed.variants[v].config, "bias", False)}}
+            for (n, k, m), v in parsed.plans.items()
+        ]
     else:
         path = plan_file or PLANS_DIR / f"{arch}.json"
         data = _read_json(path)
@@ -291,9 +299,10 @@ def planned(arch: str, plan_file: Path | None = None) -> tuple[dict[tuple[int, i
         if not isinstance(entries, list):
             raise CoverageError(f"{path}: field 'entries' is missing")
         source = f"plan table {path.name}" + (" (not built into this installation)" if plan_file is None else "")
-    table: dict[tuple[int, int], set[int]] = {}
+    table: dict[tuple[int, int], dict[int, bool]] = {}
     for e in entries:
-        table.setdefault((int(e["n"]), int(e["k"])), set()).add(int(e["m"]))
+        config = e.get("config") if isinstance(e.get("config"), dict) else {}
+        table.setdefault((int(e["n"]), int(e["k"])), {})[int(e["m"])] = bool(config.get("bias", False))
     return table, source
 
 
@@ -319,12 +328,14 @@ def report(model: str, tp: int, arch: str, plan_file: Path | None = None) -> dic
     total = sum(lin.bytes_per_step for lin in linears)
     rows, covered = [], dict.fromkeys(MS, 0.0)
     for lin in linears:
-        ms = sorted(plans.get((lin.n, lin.k), set()))
-        routed = [m for m in MS if m in ms and _routable(lin)]
+        shape_plans = plans.get((lin.n, lin.k), {})
+        ms = sorted(shape_plans)
+        # A biased layer is routed, but runs a plan only where the plan adds a bias; elsewhere F.linear.
+        routed = [m for m in MS if m in shape_plans and _routable(lin) and (shape_plans[m] or not lin.bias)]
         for m in routed:
             covered[m] += lin.bytes_per_step
         rows.append({**asdict(lin), "bytes_per_step": lin.bytes_per_step, "planned_ms": ms, "routed_ms": routed,
-                     "status": _status(lin, ms)})
+                     "status": _status(lin, ms, routed)})
     return {
         "model": name,
         "source": source,
@@ -341,19 +352,18 @@ def report(model: str, tp: int, arch: str, plan_file: Path | None = None) -> dic
 
 
 def _routable(lin: Linear) -> bool:
-    # A biased layer is routed, but counted only once bias plans run; until then it falls back to F.linear.
-    return lin.dtype == "bf16" and lin.plugin == CANDIDATE and lin.kind != "router" and not lin.bias
+    return lin.dtype == "bf16" and lin.plugin == CANDIDATE and lin.kind != "router"
 
 
-def _status(lin: Linear, ms: list[int]) -> str:
+def _status(lin: Linear, ms: list[int], routed: list[int]) -> str:
     if lin.dtype != "bf16":
         return f"{lin.dtype}: not a candidate"
     if lin.plugin != CANDIDATE:
         return lin.plugin
     if not ms:
         return "no plan"
-    if lin.bias:
-        return "bias: F.linear until bias plans"
+    if lin.bias and not routed:
+        return "routed, bias: F.linear until a bias plan"
     return "routed"
 
 

@@ -182,3 +182,29 @@ def test_cli_verb_runs_without_cutlass_or_vllm():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| **covered** |" in proc.stdout
+
+
+QWEN25_72B = {
+    "architectures": ["Qwen2ForCausalLM"], "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 152064, "tie_word_embeddings": False,
+}
+
+
+def test_biased_layer_is_covered_only_by_a_plan_that_adds_the_bias(tmp_path, capsys):
+    catalogue = json.loads((MODELS / "qwen2.5-72b.json").read_text())["linears"]
+    _, derived = coverage.derive(QWEN25_72B, 4, "qwen2.5-72b")
+    assert {lin.name: (lin.n, lin.k, lin.bias) for lin in derived} == {
+        name: (*spec["tp"]["4"], spec["bias"]) for name, spec in catalogue.items()
+    }
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(QWEN25_72B))
+    plans = tmp_path / "plans.json"
+    plans.write_text(json.dumps({"entries": [{"n": 2560, "k": 8192, "m": 1, "config": {}},
+                                             {"n": 2560, "k": 8192, "m": 2, "config": {"bias": True}}]}))
+    _, out, _ = _run(capsys, config, tp=4, plan=plans)
+    (qkv,) = [r for r in json.loads(out)["linears"] if r["name"] == "qkv_proj"]
+    assert (qkv["bias"], qkv["planned_ms"], qkv["routed_ms"], qkv["status"]) == (True, [1, 2], [2], "routed")
+    plans.write_text(json.dumps({"entries": [{"n": 2560, "k": 8192, "m": 1, "config": {}}]}))
+    _, out, _ = _run(capsys, config, tp=4, plan=plans)
+    (qkv,) = [r for r in json.loads(out)["linears"] if r["name"] == "qkv_proj"]
+    assert (qkv["routed_ms"], qkv["status"]) == ([], "routed, bias: F.linear until a bias plan")
