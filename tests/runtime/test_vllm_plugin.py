@@ -488,8 +488,8 @@ def _same_output(a: dict, b: dict, tolerance: float) -> bool:
 
 # Eager, the routed forward and vLLM's path compute the same F.linear: bit-identical logprobs. Under
 # torch.compile the plain path's GEMMs are traced into the graph and the routed ones run in an opaque
-# op; the rounding of what surrounds them may differ.
-TOLERANCE = {"on": 0.0, "on_compiled": 1e-3}
+# op, so inductor could lower them differently on another CPU (here they were bit-identical too).
+TOLERANCE = {"on": 0.0, "on_compiled": 1e-4}
 REFERENCE = {"on": "without", "on_compiled": "off"}
 
 
@@ -557,7 +557,7 @@ def test_negative_control_a_wrong_routed_layer_changes_the_output(engines, run):
     assert [c["shape"] for c in result["controls"]] == [list(s) for s in TEST_PLANS]
     for control in result["controls"]:
         assert not _same_output(control, reference, TOLERANCE[run]), control["shape"]
-        assert _max_logprob_diff(control, reference) > 100 * max(TOLERANCE[run], 1e-3), control["shape"]
+        assert _max_logprob_diff(control, reference) > 1e-2, control["shape"]
 
 
 @needs_vllm
