@@ -1,4 +1,4 @@
-"""``skinny-gemm`` / ``python -m skinny_gemm``: build, verify, list, env, plan, bench, tune."""
+"""``skinny-gemm`` / ``python -m skinny_gemm``: build, verify, list, env, plan, bench, tune, coverage."""
 
 from __future__ import annotations
 
@@ -144,6 +144,13 @@ def cmd_tune(args) -> int:
     return tune_main(args)
 
 
+def cmd_coverage(args) -> int:
+    """Which per-rank linears of a model this wheel's plans cover (runtime/coverage.py)."""
+    from ..runtime.coverage import main as coverage_main
+
+    return coverage_main(args)
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser, with a help text per verb."""
     p = argparse.ArgumentParser(prog="skinny-gemm", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -183,6 +190,13 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", type=Path, help="with --model/--all: write the heuristic plan table here (never the committed one)")
     pl.add_argument("--force", action="store_true", help="replace an existing plan table")
     pl.set_defaults(func=cmd_plan)
+
+    from ..runtime import coverage
+
+    cov = sub.add_parser("coverage", help="which per-rank linears of a model vLLM would route to this wheel's plans",
+                         description=coverage.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    coverage.add_arguments(cov)
+    cov.set_defaults(func=cmd_coverage)
 
     from . import bench, tune
 

@@ -8,15 +8,24 @@ vLLM is not needed: the layer and its quant method are stand-ins with what the p
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import pytest
 import torch
 import torch.nn.functional as F
-
-from helpers.reference import assert_within_bound, poison_, poison_allocator, random_tensor
-from skinny_gemm.runtime import api, ops
-from skinny_gemm.runtime.vllm_plugin import ROUTED, LayerMatch, RoutedApply, install_route
+from helpers.reference import (
+    assert_within_bound,
+    poison_,
+    poison_allocator,
+    random_tensor,
+)
+from skinny_gemm.runtime import api, ops, vllm_plugin
+from skinny_gemm.runtime.vllm_plugin import (
+    ROUTED,
+    LayerMatch,
+    RoutedApply,
+    install_route,
+)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (the plugin's forward runs cubins)"
@@ -111,6 +120,37 @@ def test_routed_forward_matches_f_linear_under_graph_replay(fallbacks):
             assert not fallbacks, f"(n={n}, k={k}, m={m}) fell back to F.linear"
             del graph, static_y
         del layer, method, w
+
+
+@torch.no_grad()
+def test_compiled_route_launches_the_plan_under_graph_replay_and_counts_it(fallbacks, monkeypatch):
+    """vLLM's compiled graph calls the plugin's opaque op for every M: it must run the plan and count the call."""
+    calls = Counter()
+    monkeypatch.setattr(vllm_plugin, "CALLS", calls)
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    # Three shapes keep the compile time short; the op and its dispatch are the same for all.
+    for (n, k), ms in _planned_shapes()[:3]:
+        w = random_tensor((n, k), "cuda", 0.05, generator=gen)
+        layer, method = _routed_layer(w, ms)
+        compiled = torch.compile(lambda x, layer=layer, method=method: method.apply(layer, x), backend="aot_eager",
+                                 dynamic=True, fullgraph=True)
+        for m in sorted(ms):
+            static_x = random_tensor((m, k), "cuda", generator=gen)
+            compiled(static_x)  # compiles and warms up before capture, as vLLM does
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_y = compiled(static_x)
+            x = random_tensor((m, k), "cuda", generator=gen)
+            static_x.copy_(x)
+            poison_(static_y)
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_within_bound(static_y, x, w, what=f"compiled graph replay (n={n}, k={k}, m={m})")
+            assert not fallbacks, f"(n={n}, k={k}, m={m}) fell back to F.linear"
+            del graph, static_y
+        # Warm-up and capture per M; a replay runs no Python and counts nothing.
+        assert {m: c for (cn, ck, m), c in calls.items() if (cn, ck) == (n, k)} == dict.fromkeys(sorted(ms), 2)
+        del layer, method, w, compiled
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""Run a real vLLM engine on a tiny dummy-weight Llama and report what the skinny-gemm plugin did, as JSON.
+"""Run a real vLLM engine on a tiny Llama (dummy weights, re-initialised by vllm_test_plans) and report what the skinny-gemm plugin did, as JSON.
 
 Used by tests/runtime/test_vllm_plugin.py, which runs it as a script in a
 subprocess (vLLM spawns processes, hence the ``__main__`` guard). The
@@ -38,6 +38,9 @@ TINY_LLAMA = {
     "eos_token_id": 2,
 }
 
+# The test plugin's entry-point name (for VLLM_PLUGINS).
+TEST_PLUGIN = "skinny_gemm_test_plans"
+
 # Different lengths so decode runs at M = 3, then 2, then 1.
 PROMPTS = [[1, 17, 42, 99, 7], [1, 5, 6], [1, 300, 200, 100, 50, 25, 12]]
 MAX_TOKENS = [12, 8, 4]
@@ -50,13 +53,13 @@ def write_tiny_llama(folder: Path) -> Path:
     return folder
 
 
-def make_site(folder: Path, with_skinny_gemm: bool = True) -> Path:
-    """A folder for PYTHONPATH laid out like site-packages after installing the wheel (plus the test plan plugin).
+def make_site(folder: Path, with_skinny_gemm: bool = True, with_test_plugin: bool = True) -> Path:
+    """A folder for PYTHONPATH laid out like site-packages after installing the wheel (plus the test plugin).
 
     ``skinny_gemm/`` links the checkout's folders as the wheel maps them, and
-    two dist-info folders declare the ``vllm.general_plugins`` entry points, so
+    dist-info folders declare the ``vllm.general_plugins`` entry points, so
     vLLM discovers the plugins through importlib.metadata in every process.
-    Without skinny_gemm it holds only vllm_test_plans.py, for ``report``.
+    Without skinny_gemm it holds only the test plugin (vllm_test_plans.py).
     """
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "vllm_test_plans.py").symlink_to(HELPERS / "vllm_test_plans.py")
@@ -68,7 +71,8 @@ def make_site(folder: Path, with_skinny_gemm: bool = True) -> Path:
             if (ROOT / sub).is_dir():
                 (package / sub).symlink_to(ROOT / sub)
         _dist_info(folder, "skinny_gemm", "skinny_gemm = skinny_gemm.runtime.vllm_plugin:register")
-        _dist_info(folder, "skinny_gemm_vllm_test", "skinny_gemm_test_plans = vllm_test_plans:register")
+    if with_test_plugin:
+        _dist_info(folder, "skinny_gemm_vllm_test", f"{TEST_PLUGIN} = vllm_test_plans:register")
     return folder
 
 
@@ -80,8 +84,12 @@ def _dist_info(folder: Path, name: str, entry_point: str) -> None:
 
 
 def main() -> None:
-    """argv: model folder, output JSON path."""
+    """argv: model folder, output JSON path. Environment: SKINNY_TEST_COMPILE=1 (torch.compile, else eager),
+    SKINNY_TEST_TP (tensor-parallel size), SKINNY_TEST_CONTROLS (JSON list of [n, k] whose routed output the
+    test double scales, one generate each, after the correct one)."""
     model_dir, out = sys.argv[1], sys.argv[2]
+    import functools
+
     import vllm_test_plans
     from vllm import LLM, SamplingParams
 
@@ -89,20 +97,35 @@ def main() -> None:
         model=model_dir,
         load_format="dummy",
         skip_tokenizer_init=True,
-        enforce_eager=True,
+        enforce_eager=os.environ.get("SKINNY_TEST_COMPILE") != "1",
+        tensor_parallel_size=int(os.environ.get("SKINNY_TEST_TP", "1")),
         gpu_memory_utilization=0.3,
         dtype="bfloat16",
         max_model_len=64,
         max_num_seqs=4,
         seed=0,
     )
-    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False) for n in MAX_TOKENS]
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    result = {
-        "helper_pid": os.getpid(),
-        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-        "workers": llm.apply_model(vllm_test_plans.report),
-    }
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False, logprobs=0)
+        for n in MAX_TOKENS
+    ]
+
+    def generate():
+        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        logprobs = [
+            [step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outputs
+        ]
+        return {"tokens": tokens, "logprobs": logprobs}
+
+    result = {"helper_pid": os.getpid(), **generate()}
+    # The report is taken before the controls, so its call counts are those of the correct generate.
+    result["workers"] = llm.apply_model(vllm_test_plans.report)
+    result["controls"] = []
+    for shape in json.loads(os.environ.get("SKINNY_TEST_CONTROLS", "[]")):
+        llm.apply_model(functools.partial(vllm_test_plans.set_wrong, shape))
+        result["controls"].append({"shape": shape, **generate()})
+    llm.apply_model(functools.partial(vllm_test_plans.set_wrong, None))
     Path(out).write_text(json.dumps(result))
 
 

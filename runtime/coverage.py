@@ -1,0 +1,411 @@
+"""``skinny-gemm coverage``: which per-rank linears of a model vLLM would route to this wheel's plans, before deploying.
+
+A model is a Hugging Face ``config.json`` (or the folder holding one) of a
+family this module can derive, or a slug of the model catalogue
+(``kernels/models/<slug>.json``, whose ``linears`` hold the shapes). For a
+tensor-parallel size it lists every linear layer vLLM builds on one rank
+(local weight ``[N, K]``, GEMM calls per decode step, dtype, bias), whether the
+vLLM plugin would route it, at which of M = 1, 2, 4, 8, 16 it is planned for
+the wheel's arch, and the share of one step's projection bytes (weight bytes
+x calls, every linear of any dtype; MoE experts are grouped GEMMs, not
+linears, and are left out) that planned, routed layers cover.
+
+Families: dense (Llama, Mistral, Qwen2/3, Gemma 1-3), MoE (Qwen3-MoE) and MLA
+(DeepSeek-V2/V3, Kimi-K2). Anything else is one line saying so; the plugin's
+summary line in a running vLLM tells the truth for any model. Needs neither a
+GPU nor cutlass: it reads JSON only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME, ManifestError, parse
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+MODELS_DIR = PACKAGE_ROOT / "kernels" / "models"
+PLANS_DIR = PACKAGE_ROOT / "kernels" / "plans"
+# vLLM's decode batch sizes up to 16 (its CUDA-graph sizes 1, 2, 4, 8, 16: M=3 arrives as 4).
+MS = (1, 2, 4, 8, 16)
+# vLLM pads the vocabulary to a multiple of 64 before splitting it over ranks.
+VOCAB_PADDING = 64
+BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "int8": 1, "int4": 0.5, "mxfp4": 0.5}
+CANDIDATE = "candidate"
+ROUTER = "router (not a candidate)"
+FAST_PATH = "vllm fast path"
+SUMMARY_HINT = "run vLLM with the wheel installed and read its 'skinny-gemm vLLM plugin:' summary line instead"
+
+DENSE = {
+    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
+    "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+}
+MOE = {"Qwen3MoeForCausalLM"}
+MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
+
+
+class CoverageError(ValueError):
+    """Bad input: one line naming the file and the field."""
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear layer on one rank: local weight [n, k], called ``calls`` times per decode step."""
+
+    name: str
+    kind: str
+    n: int
+    k: int
+    calls: int
+    dtype: str = "bf16"
+    bias: bool = False
+    plugin: str = CANDIDATE
+
+    @property
+    def bytes_per_step(self) -> float:
+        return self.n * self.k * BYTES_PER_ELEMENT.get(self.dtype, 2) * self.calls
+
+
+# ---- models --------------------------------------------------------------------------------------------------------
+
+
+class _Fields:
+    """A config dict whose missing or ill-typed fields raise one CoverageError naming file and field."""
+
+    def __init__(self, data: dict, source: str):
+        self.data, self.source = data, source
+
+    def int(self, key: str, default=None) -> int:
+        value = self.data.get(key, default)
+        if value is None:
+            raise CoverageError(f"{self.source}: field {key!r} is missing (needed to derive the linears)")
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CoverageError(f"{self.source}: field {key!r} must be a positive integer, not {value!r}")
+        return value
+
+    def get(self, key: str, default=None):
+        return self.data.get(key, default)
+
+
+def _split(total: int, tp: int, what: str, source: str) -> int:
+    if total % tp:
+        raise CoverageError(f"{source}: {what} {total} does not split over --tp {tp}")
+    return total // tp
+
+
+def _head(c: _Fields, tp: int, dtype: str = "bf16") -> Linear:
+    vocab = -(-c.int("vocab_size") // VOCAB_PADDING) * VOCAB_PADDING
+    # Tied or not, vLLM 0.32 builds a ParallelLMHead for these families (tie_weights shares the weight).
+    return Linear("lm_head", "lm_head", _split(vocab, tp, "padded vocab", c.source), c.int("hidden_size"), 1, dtype)
+
+
+def _attention(c: _Fields, tp: int, dtype: str, bias: bool, o_bias: bool = False) -> list[Linear]:
+    hidden, heads = c.int("hidden_size"), c.int("num_attention_heads")
+    kv_heads = c.int("num_key_value_heads", heads)
+    head_dim = c.int("head_dim", hidden // heads)
+    layers = c.int("num_hidden_layers")
+    local = _split(heads, tp, "num_attention_heads", c.source)
+    # KV heads are split while tp <= kv heads, else each rank holds one replica.
+    local_kv = max(1, kv_heads // tp)
+    return [
+        Linear("qkv_proj", "linear", (local + 2 * local_kv) * head_dim, hidden, layers, dtype, bias),
+        Linear("o_proj", "linear", hidden, local * head_dim, layers, dtype, o_bias),
+    ]
+
+
+def _mlp(c: _Fields, tp: int, intermediate: int, calls: int, dtype: str, prefix: str = "") -> list[Linear]:
+    hidden = c.int("hidden_size")
+    local = _split(intermediate, tp, "intermediate size", c.source)
+    if not calls:
+        return []
+    return [
+        Linear(f"{prefix}gate_up_proj", "linear", 2 * local, hidden, calls, dtype),
+        Linear(f"{prefix}down_proj", "linear", hidden, local, calls, dtype),
+    ]
+
+
+def _checkpoint_dtype(c: _Fields, arch: str) -> str:
+    """bf16 for an unquantized checkpoint, fp8 for vLLM's fp8 method; other quant methods are not derived."""
+    quant = c.get("quantization_config")
+    if not quant:
+        return "bf16"
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method == "fp8":
+        return "fp8"
+    raise CoverageError(
+        f"{c.source}: field 'quantization_config' has quant_method {method!r}: which of {arch}'s linears stay BF16 "
+        f"is up to that method; {SUMMARY_HINT}"
+    )
+
+
+def _dense(c: _Fields, tp: int, arch: str) -> list[Linear]:
+    dtype = _checkpoint_dtype(c, arch)
+    # Qwen2 always has a qkv bias (and none on o_proj); Llama and Mistral put attention_bias on both.
+    attention_bias = bool(c.get("attention_bias", False))
+    bias = arch == "Qwen2ForCausalLM" or attention_bias
+    o_bias = attention_bias and arch in ("LlamaForCausalLM", "MistralForCausalLM")
+    layers = c.int("num_hidden_layers")
+    mlp = _mlp(c, tp, c.int("intermediate_size"), layers, dtype)
+    return [*_attention(c, tp, dtype, bias, o_bias), *mlp, _head(c, tp)]
+
+
+def _moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
+    dtype = _checkpoint_dtype(c, arch)
+    layers, step = c.int("num_hidden_layers"), c.int("decoder_sparse_step", 1)
+    dense_only = set(c.get("mlp_only_layers") or [])
+    sparse = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+    dense = [] if sparse == layers else _mlp(c, tp, c.int("intermediate_size"), layers - sparse, dtype)
+    c.int("moe_intermediate_size")  # the experts' (not linears), but a Qwen3-MoE config without it is broken
+    router = Linear("router", "router", c.int("num_experts"), c.int("hidden_size"), sparse, "bf16", plugin=ROUTER)
+    return [*_attention(c, tp, dtype, bool(c.get("attention_bias", False))), *dense, router, _head(c, tp)]
+
+
+def _mla(c: _Fields, tp: int, arch: str, target: str | None) -> list[Linear]:
+    dtype = _checkpoint_dtype(c, arch)
+    hidden, heads, layers = c.int("hidden_size"), c.int("num_attention_heads"), c.int("num_hidden_layers")
+    local = _split(heads, tp, "num_attention_heads", c.source)
+    nope, rope, v_dim = c.int("qk_nope_head_dim"), c.int("qk_rope_head_dim"), c.int("v_head_dim")
+    kv_lora, q_lora = c.int("kv_lora_rank"), c.get("q_lora_rank")
+    out = []
+    if q_lora:
+        q_lora = c.int("q_lora_rank")
+        fused = Linear("fused_qkv_a_proj", "linear", q_lora + kv_lora + rope, hidden, layers, dtype)
+        # On sm_90 and sm_100 vLLM runs its own dsv3_fused_a_gemm on this BF16 shape, inside the layer's forward.
+        if (fused.n, fused.k, dtype) == (2112, 7168, "bf16") and target in ("sm_90a", "sm_100a"):
+            fused = Linear(fused.name, fused.kind, fused.n, fused.k, fused.calls, dtype, plugin=FAST_PATH)
+        out += [fused, Linear("q_b_proj", "linear", local * (nope + rope), q_lora, layers, dtype)]
+    else:
+        out += [
+            Linear("q_proj", "linear", local * (nope + rope), hidden, layers, dtype),
+            Linear("kv_a_proj_with_mqa", "linear", kv_lora + rope, hidden, layers, dtype),
+        ]
+    # Decode absorbs kv_b_proj into MLA's bmm weights: it is built, but called only by prefill.
+    out.append(Linear("kv_b_proj", "linear", local * (nope + v_dim), kv_lora, 0, dtype))
+    out.append(Linear("o_proj", "linear", hidden, local * v_dim, layers, dtype))
+    first_dense = min(c.get("first_k_dense_replace") or 0, layers)
+    moe_layers = layers - first_dense
+    out += _mlp(c, tp, c.int("intermediate_size"), first_dense, dtype, prefix="dense_")
+    shared = c.get("n_shared_experts") or 0
+    if shared and moe_layers:
+        moe_inter = c.int("moe_intermediate_size")
+        out += _mlp(c, tp, moe_inter * shared, moe_layers, dtype, prefix="shared_expert_")
+    if moe_layers:
+        out.append(Linear("router", "router", c.int("n_routed_experts"), hidden, moe_layers, "bf16", plugin=ROUTER))
+    out.append(_head(c, tp))
+    return out
+
+
+def derive(config: dict, tp: int, source: str, target: str | None = None) -> tuple[str, list[Linear]]:
+    """(architecture, per-rank linears) of a Hugging Face config at tensor-parallel size ``tp``."""
+    arches = config.get("architectures")
+    if not isinstance(arches, list) or not arches or not all(isinstance(a, str) for a in arches):
+        raise CoverageError(f"{source}: field 'architectures' is missing or not a list of names")
+    arch = arches[0]
+    text = config.get("text_config") if arch in ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration") else None
+    if text is not None and not isinstance(text, dict):
+        raise CoverageError(f"{source}: field 'text_config' is not an object")
+    c = _Fields({**config, **(text or {})}, source)
+    if arch in DENSE:
+        return arch, _dense(c, tp, arch)
+    if arch in MOE:
+        return arch, _moe(c, tp, arch)
+    if arch in MLA:
+        return arch, _mla(c, tp, arch, target)
+    raise CoverageError(
+        f"{source}: field 'architectures' names {arch}, which coverage cannot derive (dense Llama/Mistral/Qwen/Gemma, "
+        f"MoE Qwen3-MoE, MLA DeepSeek-V2/V3); {SUMMARY_HINT}"
+    )
+
+
+def catalogue_linears(slug: str, tp: int) -> tuple[str, list[Linear]]:
+    """(display name, per-rank linears) of a catalogue model, from its ``linears``."""
+    path = MODELS_DIR / f"{slug}.json"
+    data = _read_json(path)
+    linears = data.get("linears")
+    if not isinstance(linears, dict):
+        raise CoverageError(f"{path}: field 'linears' is missing")
+    out, tps = [], set()
+    for name, spec in sorted(linears.items()):
+        shapes = spec.get("tp", {})
+        tps |= set(shapes)
+        if str(tp) not in shapes:
+            continue
+        n, k = shapes[str(tp)]
+        kind = spec.get("kind", "lm_head" if name == "lm_head" else "linear")
+        # The catalogue's "bias" predates biased routes: such a layer is a candidate with a bias.
+        plugin = CANDIDATE if spec.get("plugin") in (None, "bias") else spec["plugin"]
+        out.append(Linear(name, kind, n, k, spec.get("calls_per_step", 0), spec.get("dtype", "bf16"),
+                          bool(spec.get("bias", False)), plugin))
+    if not out:
+        raise CoverageError(f"{path}: no linears at --tp {tp} (the catalogue lists TP {', '.join(sorted(tps, key=int))})")
+    return data.get("name", slug), out
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CoverageError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise CoverageError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise CoverageError(f"{path}: not a JSON object")
+    return data
+
+
+def catalogue_slugs() -> list[str]:
+    return sorted(p.stem for p in MODELS_DIR.glob("*.json") if p.stem != "catalogue")
+
+
+# ---- plans ---------------------------------------------------------------------------------------------------------
+
+
+def artifacts_root() -> Path:
+    """Where the wheel's manifests live: $SKINNY_GEMM_ARTIFACTS, else the package's artifacts/ (as the loader)."""
+    env = os.environ.get("SKINNY_GEMM_ARTIFACTS")
+    return Path(env) if env else PACKAGE_ROOT / "artifacts"
+
+
+def wheel_archs() -> list[str]:
+    """The archs this installation has a manifest for (a wheel has one)."""
+    root = artifacts_root()
+    return [arch for arch in sorted(CAPABILITY_FOR_ARCH) if (root / arch / MANIFEST_NAME).is_file()]
+
+
+def planned(arch: str, plan_file: Path | None = None) -> tuple[dict[tuple[int, int], dict[int, bool]], str]:
+    """(n, k) -> {planned M: whether its config adds a bias} for ``arch``, and where the plans come from: the
+    wheel's manifest, else the plan table."""
+    manifest = artifacts_root() / arch / MANIFEST_NAME
+    if plan_file is None and manifest.is_file():
+        try:
+            parsed = parse(manifest)
+        except ManifestError as exc:
+            raise CoverageError(str(exc)) from None
+        source = f"{arch} manifest"
+        entries = [
+            {"n": n, "k": k, "m": m, "config": {"bias": getattr(parsed.variants[v].config, "bias", False)}}
+            for (n, k, m), v in parsed.plans.items()
+        ]
+    else:
+        path = plan_file or PLANS_DIR / f"{arch}.json"
+        data = _read_json(path)
+        entries = data.get("entries")
+        if not isinstance(entries, list):
+            raise CoverageError(f"{path}: field 'entries' is missing")
+        source = f"plan table {path.name}" + (" (not built into this installation)" if plan_file is None else "")
+    table: dict[tuple[int, int], dict[int, bool]] = {}
+    for e in entries:
+        config = e.get("config") if isinstance(e.get("config"), dict) else {}
+        table.setdefault((int(e["n"]), int(e["k"])), {})[int(e["m"])] = bool(config.get("bias", False))
+    return table, source
+
+
+# ---- the report ----------------------------------------------------------------------------------------------------
+
+
+def report(model: str, tp: int, arch: str, plan_file: Path | None = None) -> dict:
+    """The coverage of ``model`` (config.json, its folder, or a catalogue slug) at ``tp`` on ``arch``, as data."""
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        hf_arch, linears = derive(_read_json(path), tp, str(path), arch)
+        name, source = hf_arch, str(path)
+    elif (MODELS_DIR / f"{model}.json").is_file() and model != "catalogue":
+        name, linears = catalogue_linears(model, tp)
+        source = f"catalogue {model}"
+    else:
+        raise CoverageError(
+            f"{model}: neither a config.json (or its folder) nor a catalogue model ({', '.join(catalogue_slugs())})"
+        )
+    plans, plans_source = planned(arch, plan_file)
+    total = sum(lin.bytes_per_step for lin in linears)
+    rows, covered = [], dict.fromkeys(MS, 0.0)
+    for lin in linears:
+        shape_plans = plans.get((lin.n, lin.k), {})
+        ms = sorted(shape_plans)
+        # A biased layer is routed, but runs a plan only where the plan adds a bias; elsewhere F.linear.
+        routed = [m for m in MS if m in shape_plans and _routable(lin) and (shape_plans[m] or not lin.bias)]
+        for m in routed:
+            covered[m] += lin.bytes_per_step
+        rows.append({**asdict(lin), "bytes_per_step": lin.bytes_per_step, "planned_ms": ms, "routed_ms": routed,
+                     "status": _status(lin, ms, routed)})
+    return {
+        "model": name,
+        "source": source,
+        "tp": tp,
+        "arch": arch,
+        "plans": plans_source,
+        "ms": list(MS),
+        "projection_bytes_per_step": total,
+        "covered_share": {str(m): (covered[m] / total if total else 0.0) for m in MS},
+        "linears": rows,
+        "note": "per rank; bytes = weight bytes x calls per decode step, every linear of any dtype; "
+        "MoE experts (grouped GEMMs) are not linears and are left out",
+    }
+
+
+def _routable(lin: Linear) -> bool:
+    return lin.dtype == "bf16" and lin.plugin == CANDIDATE and lin.kind != "router"
+
+
+def _status(lin: Linear, ms: list[int], routed: list[int]) -> str:
+    if lin.dtype != "bf16":
+        return f"{lin.dtype}: not a candidate"
+    if lin.plugin != CANDIDATE:
+        return lin.plugin
+    if not ms:
+        return "no plan"
+    if lin.bias and not routed:
+        return "routed, bias: F.linear until a bias plan"
+    return "routed"
+
+
+def markdown(data: dict) -> str:
+    """The report as a markdown table, one row per linear and a last row with the covered share per M."""
+    head = (
+        f"# {data['model']} at TP {data['tp']} on {data['arch']} ({data['plans']}): per-rank linears vLLM builds\n\n"
+        f"| layer | N | K | calls/step | dtype | MB/step | plugin | " + " | ".join(f"M={m}" for m in data["ms"]) + " |\n"
+        "|---|---:|---:|---:|---|---:|---|" + "---|" * len(data["ms"]) + "\n"
+    )
+    lines = []
+    for r in data["linears"]:
+        marks = " | ".join("yes" if m in r["routed_ms"] else "-" for m in data["ms"])
+        lines.append(
+            f"| {r['name']} | {r['n']} | {r['k']} | {r['calls']} | {r['dtype']}{' +bias' if r['bias'] else ''} | "
+            f"{r['bytes_per_step'] / 1e6:.1f} | {r['status']} | {marks} |"
+        )
+    shares = " | ".join(f"{100 * data['covered_share'][str(m)]:.1f}%" for m in data["ms"])
+    lines.append(f"| **covered** | | | | | {data['projection_bytes_per_step'] / 1e6:.1f} | | {shares} |")
+    return head + "\n".join(lines) + f"\n\n{data['note']}.\n"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="a Hugging Face config.json (or its folder), or a catalogue model: "
+                   + ", ".join(catalogue_slugs()))
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    p.add_argument("--arch", choices=sorted(CAPABILITY_FOR_ARCH),
+                   help="target (default: the arch this wheel was built for; in a source tree without a build, sm_90a)")
+    p.add_argument("--plan", type=Path, help="a plan table file to read instead of the wheel's plans")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
+
+
+def main(args) -> int:
+    """The ``coverage`` verb: 0 on success, 2 with one line on bad input."""
+    archs = wheel_archs()
+    arch = args.arch or (archs[0] if len(archs) == 1 else "sm_90a")
+    try:
+        if args.tp <= 0:
+            raise CoverageError(f"--tp {args.tp}: must be a positive integer")
+        data = report(args.model, args.tp, arch, args.plan)
+    except CoverageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(data, indent=1, sort_keys=True) if args.json else markdown(data), end="" if not args.json else "\n")
+    return 0

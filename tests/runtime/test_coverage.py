@@ -1,0 +1,210 @@
+"""``skinny-gemm coverage``: derived per-rank shapes against the model catalogue, hand-computed tables, bad input.
+
+The configs in tests/helpers/hf_configs are the public config.json of three catalogue models, one per
+family (dense Qwen3-8B, MoE Qwen3-30B-A3B, MLA DeepSeek-V3); tests/helpers/coverage_plans.json is a plan
+table made for these tests, so the expected tables do not move when the committed plans are re-tuned.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from skinny_gemm.runtime import coverage
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "tests" / "helpers" / "hf_configs"
+PLANS = ROOT / "tests" / "helpers" / "coverage_plans.json"
+MODELS = ROOT / "kernels" / "models"
+
+
+def _run(capsys, model, tp=1, json_out=True, plan=PLANS, arch="sm_90a"):
+    args = SimpleNamespace(model=str(model), tp=tp, arch=arch, plan=plan, json=json_out)
+    rc = coverage.main(args)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("slug", ["qwen3-8b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_derived_shapes_equal_the_catalogues(slug):
+    config = json.loads((CONFIGS / f"{slug}.json").read_text())
+    catalogue = json.loads((MODELS / f"{slug}.json").read_text())["linears"]
+    tps = sorted({int(tp) for spec in catalogue.values() for tp in spec["tp"]})
+    for tp in tps:
+        _, derived = coverage.derive(config, tp, slug, target="sm_90a")
+        expected = {
+            name: (*spec["tp"][str(tp)], spec["calls_per_step"], spec["dtype"], spec["bias"], spec["kind"], spec["plugin"])
+            for name, spec in catalogue.items()
+            if str(tp) in spec["tp"]
+        }
+        got = {lin.name: (lin.n, lin.k, lin.calls, lin.dtype, lin.bias, lin.kind, lin.plugin) for lin in derived}
+        assert got == expected, (slug, tp)
+
+
+def test_mla_bf16_fused_a_proj_is_vllms_own_kernel_on_sm90():
+    """Kimi-K2's layout (DeepSeek-V3 with 64 heads, one dense layer, BF16 attention) against its catalogue entry."""
+    config = json.loads((CONFIGS / "deepseek-v3.json").read_text())
+    del config["quantization_config"]
+    config.update(num_attention_heads=64, num_key_value_heads=64, n_routed_experts=384, first_k_dense_replace=1,
+                  vocab_size=163840)
+    catalogue = json.loads((MODELS / "kimi-k2-thinking.json").read_text())["linears"]
+    _, derived = coverage.derive(config, 8, "kimi", target="sm_90a")
+    assert {lin.name: [lin.n, lin.k, lin.calls, lin.plugin] for lin in derived} == {
+        name: [*spec["tp"]["8"], spec["calls_per_step"], spec["plugin"]] for name, spec in catalogue.items()
+    }
+    _, on_gb10 = coverage.derive(config, 8, "kimi", target="sm_121")
+    assert {lin.name: lin.plugin for lin in on_gb10}["fused_qkv_a_proj"] == coverage.CANDIDATE
+
+
+def test_dense_table(capsys):
+    rc, out, _ = _run(capsys, CONFIGS / "qwen3-8b.json", tp=2)
+    assert rc == 0
+    data = json.loads(out)
+    rows = {r["name"]: (r["n"], r["k"], r["calls"], r["routed_ms"], r["status"]) for r in data["linears"]}
+    assert rows == {
+        "qkv_proj": (3072, 4096, 36, [1, 2, 4], "routed"),
+        "o_proj": (4096, 2048, 36, [1, 2, 4, 8], "routed"),
+        "gate_up_proj": (12288, 4096, 36, [], "no plan"),
+        "down_proj": (4096, 6144, 36, [16], "routed"),
+        "lm_head": (75968, 4096, 1, [1], "routed"),
+    }
+    qkv, o, down, head = 3072 * 4096 * 36, 4096 * 2048 * 36, 4096 * 6144 * 36, 75968 * 4096
+    total = qkv + o + 12288 * 4096 * 36 + down + head
+    assert data["projection_bytes_per_step"] == 2 * total == 7_568_097_280
+    expected = {"1": qkv + o + head, "2": qkv + o, "4": qkv + o, "8": o, "16": down}
+    assert data["covered_share"] == pytest.approx({m: b / total for m, b in expected.items()})
+
+
+def test_moe_table_leaves_the_router_alone(capsys):
+    _, out, _ = _run(capsys, CONFIGS / "qwen3-30b-a3b.json", tp=4)
+    data = json.loads(out)
+    rows = {r["name"]: (r["n"], r["k"], r["planned_ms"], r["routed_ms"], r["status"]) for r in data["linears"]}
+    assert rows == {
+        "qkv_proj": (1280, 2048, [1, 2], [1, 2], "routed"),
+        "o_proj": (2048, 1024, [1], [1], "routed"),
+        "router": (128, 2048, [1, 2, 4], [], "router (not a candidate)"),
+        "lm_head": (37984, 2048, [1, 2, 4, 8, 16], [1, 2, 4, 8, 16], "routed"),
+    }
+    qkv, o, router, head = 1280 * 2048 * 48, 2048 * 1024 * 48, 128 * 2048 * 48, 37984 * 2048
+    total = qkv + o + router + head
+    expected = {"1": qkv + o + head, "2": qkv + head, "4": head, "8": head, "16": head}
+    assert data["covered_share"] == pytest.approx({m: b / total for m, b in expected.items()})
+
+
+def test_mla_fp8_table_covers_only_the_bf16_head(capsys):
+    _, out, _ = _run(capsys, CONFIGS / "deepseek-v3.json", tp=8)
+    data = json.loads(out)
+    status = {r["name"]: r["status"] for r in data["linears"]}
+    assert status.pop("lm_head") == "routed" and status.pop("router") == "router (not a candidate)"
+    assert set(status.values()) == {"fp8: not a candidate"}, "fused_qkv_a_proj (2112, 7168) is planned but FP8"
+    fp8 = (2112 * 7168 + 3072 * 1536 + 4096 * 512 * 0 + 7168 * 2048) * 61 + (4608 * 7168 + 7168 * 2304) * 3
+    fp8 += (512 * 7168 + 7168 * 256) * 58
+    bf16 = 2 * (256 * 7168 * 58 + 16160 * 7168)
+    assert data["projection_bytes_per_step"] == fp8 + bf16
+    head = 2 * 16160 * 7168 / (fp8 + bf16)
+    assert data["covered_share"] == pytest.approx({"1": head, "2": head, "4": 0, "8": 0, "16": 0})
+
+
+def test_markdown_table(capsys):
+    rc, out, _ = _run(capsys, CONFIGS / "qwen3-30b-a3b.json", tp=4, json_out=False)
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0] == "# Qwen3MoeForCausalLM at TP 4 on sm_90a (plan table coverage_plans.json): per-rank linears vLLM builds"
+    assert lines[2] == "| layer | N | K | calls/step | dtype | MB/step | plugin | M=1 | M=2 | M=4 | M=8 | M=16 |"
+    assert "| qkv_proj | 1280 | 2048 | 48 | bf16 | 251.7 | routed | yes | yes | - | - | - |" in lines
+    assert "| router | 128 | 2048 | 48 | bf16 | 25.2 | router (not a candidate) | - | - | - | - | - |" in lines
+    # 633.7 MB: qkv 251.7 + o 201.3 + router 25.2 + head 155.6; M=1 covers all but the router.
+    assert lines[-3] == "| **covered** | | | | | 633.7 | | 96.0% | 64.3% | 24.6% | 24.6% | 24.6% |"
+
+
+def test_catalogue_slug_reads_the_catalogues_linears(capsys):
+    rc, out, _ = _run(capsys, "qwen3-8b", tp=2)
+    from_slug = json.loads(out)
+    rc2, out2, _ = _run(capsys, CONFIGS / "qwen3-8b.json", tp=2)
+    from_config = json.loads(out2)
+    assert rc == rc2 == 0 and from_slug["model"] == "Qwen3-8B" and from_slug["source"] == "catalogue qwen3-8b"
+    key = sorted(("name", "n", "k", "calls", "routed_ms"))
+    rows = [sorted({k: r[k] for k in key}.items()) for r in sorted(from_slug["linears"], key=lambda r: r["name"])]
+    rows2 = [sorted({k: r[k] for k in key}.items()) for r in sorted(from_config["linears"], key=lambda r: r["name"])]
+    assert rows == rows2 and from_slug["covered_share"] == from_config["covered_share"]
+
+
+def _bad(tmp_path, capsys, text, name="config.json", tp=1):
+    path = tmp_path / name
+    path.write_text(text)
+    rc, out, err = _run(capsys, path, tp=tp)
+    assert rc == 2 and out == ""
+    (line,) = err.splitlines()
+    assert line.startswith(f"error: {path}: ")
+    return line
+
+
+def test_bad_input_is_one_line_naming_file_and_field(tmp_path, capsys):
+    assert "not JSON" in _bad(tmp_path, capsys, "{ hidden_size: 1")
+    good = json.loads((CONFIGS / "qwen3-8b.json").read_text())
+    del good["hidden_size"]
+    assert "field 'hidden_size' is missing" in _bad(tmp_path, capsys, json.dumps(good))
+    line = _bad(tmp_path, capsys, json.dumps({**good, "architectures": ["FalconForCausalLM"], "hidden_size": 1}))
+    assert "field 'architectures' names FalconForCausalLM, which coverage cannot derive" in line
+    assert "'skinny-gemm vLLM plugin:' summary line" in line
+    assert "field 'architectures' is missing" in _bad(tmp_path, capsys, json.dumps({"hidden_size": 1}))
+    assert "field 'num_key_value_heads' must be a positive integer" in _bad(
+        tmp_path, capsys, json.dumps({**good, "hidden_size": 4096, "num_key_value_heads": "8"})
+    )
+    assert "num_attention_heads 32 does not split over --tp 3" in _bad(
+        tmp_path, capsys, json.dumps({**good, "hidden_size": 4096}), tp=3
+    )
+    awq = {**good, "hidden_size": 4096, "quantization_config": {"quant_method": "awq"}}
+    assert "field 'quantization_config' has quant_method 'awq'" in _bad(tmp_path, capsys, json.dumps(awq))
+
+
+def test_unknown_model_and_tp_outside_the_catalogue(capsys):
+    rc, _, err = _run(capsys, "no-such-model")
+    assert rc == 2 and err.startswith("error: no-such-model: neither a config.json") and len(err.splitlines()) == 1
+    rc, _, err = _run(capsys, "deepseek-v3", tp=4)
+    assert rc == 2 and "deepseek-v3.json: no linears at --tp 4 (the catalogue lists TP 8)" in err
+
+
+def test_cli_verb_runs_without_cutlass_or_vllm():
+    code = (
+        "import importlib.util, sys;"
+        f"spec = importlib.util.spec_from_file_location('t', {str(ROOT / 'aot' / 'source_tree.py')!r});"
+        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t); t.register();"
+        "from skinny_gemm.aot.cli import main;"
+        f"rc = main(['coverage', 'qwen3-8b', '--tp', '4', '--plan', {str(PLANS)!r}]);"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'cutlass')];"
+        "assert rc == 0 and not bad, (rc, bad)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| **covered** |" in proc.stdout
+
+
+QWEN25_72B = {
+    "architectures": ["Qwen2ForCausalLM"], "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 152064, "tie_word_embeddings": False,
+}
+
+
+def test_biased_layer_is_covered_only_by_a_plan_that_adds_the_bias(tmp_path, capsys):
+    catalogue = json.loads((MODELS / "qwen2.5-72b.json").read_text())["linears"]
+    _, derived = coverage.derive(QWEN25_72B, 4, "qwen2.5-72b")
+    assert {lin.name: (lin.n, lin.k, lin.bias) for lin in derived} == {
+        name: (*spec["tp"]["4"], spec["bias"]) for name, spec in catalogue.items()
+    }
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(QWEN25_72B))
+    plans = tmp_path / "plans.json"
+    plans.write_text(json.dumps({"entries": [{"n": 2560, "k": 8192, "m": 1, "config": {}},
+                                             {"n": 2560, "k": 8192, "m": 2, "config": {"bias": True}}]}))
+    _, out, _ = _run(capsys, config, tp=4, plan=plans)
+    (qkv,) = [r for r in json.loads(out)["linears"] if r["name"] == "qkv_proj"]
+    assert (qkv["bias"], qkv["planned_ms"], qkv["routed_ms"], qkv["status"]) == (True, [1, 2], [2], "routed")
+    plans.write_text(json.dumps({"entries": [{"n": 2560, "k": 8192, "m": 1, "config": {}}]}))
+    _, out, _ = _run(capsys, config, tp=4, plan=plans)
+    (qkv,) = [r for r in json.loads(out)["linears"] if r["name"] == "qkv_proj"]
+    assert (qkv["routed_ms"], qkv["status"]) == ([], "routed, bias: F.linear until a bias plan")
