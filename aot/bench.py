@@ -41,9 +41,10 @@ DEFAULT_MODEL = "glm-5.3-flash"
 
 def bench_entries(trials: int, progress: bool) -> list[dict]:
     """Every planned (n, k, m) on this GPU: skinny_gemm.linear vs torch.mm, cold L2, graph replay."""
-    import skinny_gemm
     import torch
     from tqdm import tqdm
+
+    import skinny_gemm
 
     from ..runtime import ops
     from . import measure as ms
@@ -107,9 +108,10 @@ def steps_build(model: dict, tp: int, m: int, arch: str = "sm_90a") -> list:
 
 def bench_served(model: dict, built: list, trials: int, progress: bool, peer_lib=None, device=None) -> list[dict]:
     """Per (TP, M): the served step, the ops alone and the bare chain as CUDA graphs, cuBLAS vs ours (vs the peer)."""
-    import skinny_gemm
     import torch
     from tqdm import tqdm
+
+    import skinny_gemm
 
     from ..runtime import ops as rt_ops
     from . import measure as ms

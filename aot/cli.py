@@ -27,7 +27,7 @@ def _archs(value: str) -> list[str]:
 
 def cmd_build(args) -> int:
     """Compile the plan tables into <out>/<arch>/."""
-    from .build import BuildError, PACKAGE_ROOT, build, main_summary
+    from .build import PACKAGE_ROOT, BuildError, build, main_summary
     from .plans import PlanError
 
     out = Path(args.out) if args.out else PACKAGE_ROOT / "artifacts"
@@ -52,7 +52,7 @@ def cmd_verify(args) -> int:
         from .verify import verify
     except ModuleNotFoundError as exc:
         # Seen after `pip install --no-deps`: the wheel declares these, a no-deps install skips them.
-        print(f"error: verify needs {exc.name} (pip install {exc.name.replace('elftools', 'pyelftools')})", file=sys.stderr)
+        print(f"error: verify needs {exc.name} (pip install {exc.name})", file=sys.stderr)
         return 2
 
     from ..runtime.artifacts import artifacts_root

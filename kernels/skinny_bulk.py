@@ -32,8 +32,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from .config import BULK_ROW_PAD, MMA_ROWS, KernelConfig
 from .common import Launcher, compile_kernel, wait_previous_grid
+from .config import BULK_ROW_PAD, MMA_ROWS, KernelConfig
 from .skinny_mma import WARP, mma_pair, mma_zero, reduce_and_store
 
 BULK_COPY_PTX = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{$r0}], [{$r1}], {$r2}, [{$r3}];"

@@ -18,8 +18,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from .config import TAIL_K_GRAIN, KernelConfig
 from .common import Launcher, compile_kernel, prologue, store_output, wait_previous_grid
+from .config import TAIL_K_GRAIN, KernelConfig
 
 WARP = 32
 

@@ -58,8 +58,8 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from .config import MMA_K_STEP, MMA_ROWS, TAIL_K_GRAIN, KernelConfig
 from .common import Launcher, compile_kernel, prefetch_weight, store_output, wait_previous_grid
+from .config import MMA_K_STEP, MMA_ROWS, TAIL_K_GRAIN, KernelConfig
 
 WARP = 32
 # Placeholders are written {$r0}; the outer braces are PTX's vector operands.

@@ -41,7 +41,7 @@ def test_sm121_cubins_match_their_sm90a_twins(built, tmp_path):
     plan = built["root"] / "sm_121" / "manifest.json"
     build.build_configs("sm_90a", configs, [], tmp_path / "twins", plan, cache_dir=built["cache"], progress=False)
     assert configs
-    for vid, variant in m121.variants.items():
+    for variant in m121.variants.values():
         b = cubin.inspect((m121.directory / variant.file).read_bytes())
         a = cubin.inspect((tmp_path / "twins" / variant.file).read_bytes())
         assert (a.arch, b.arch) == ("sm_90a", "sm_121")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+
 from skinny_gemm.aot import cli, plans
 from skinny_gemm.aot.build import PACKAGE_ROOT
 

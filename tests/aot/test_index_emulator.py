@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 from helpers.index_emulator import coverage
+
 from skinny_gemm.kernels.config import KernelConfig
 
 MMA = {"kind": "mma", "vec": 8, "unroll": 1, "stages": 4, "prefetch": False}

@@ -5,6 +5,7 @@ import json
 import struct
 
 import pytest
+
 from skinny_gemm.aot import cubin, peer
 from skinny_gemm.aot.peer import PeerConfig, PeerError
 

@@ -5,6 +5,7 @@ from collections import Counter
 
 import pytest
 from helpers.fake_step import HAND_MODEL as HAND
+
 from skinny_gemm.aot import plans, steps
 from skinny_gemm.aot.steps import Op, StepError
 

@@ -5,6 +5,7 @@ import json
 
 import pytest
 from helpers.fake_step import STEPS, cand, fake_step
+
 from skinny_gemm.aot import bench, plans, tune
 from skinny_gemm.aot.build import PACKAGE_ROOT
 
@@ -278,6 +279,7 @@ def test_served_step_calls_put_the_ops_between_the_gemms():
     """The served step's launch list is the built step op by op: each GEMM where the step has it, ops between."""
     import torch
     from helpers.fake_step import HAND_MODEL
+
     from skinny_gemm.aot import measure as ms
     from skinny_gemm.aot import steps
 
@@ -302,6 +304,7 @@ def test_served_stand_ins_read_their_bytes_on_cpu():
     """Every stand-in runs (here on the CPU) and each read op reads a slice of exactly its rows of the arena."""
     import torch
     from helpers.fake_step import HAND_MODEL
+
     from skinny_gemm.aot import measure as ms
     from skinny_gemm.aot import steps
 
@@ -409,6 +412,7 @@ def test_served_steps_hold_the_ops_between_the_gemms():
 def test_decode_phase_offers_pdl_only_where_a_gemm_precedes(monkeypatch):
     """In the served step a cell after a non-GEMM op is timed with no-PDL twins only; one after a GEMM with both."""
     import torch
+
     from skinny_gemm.aot import decode_phase
     from skinny_gemm.kernels.config import KernelConfig
 
@@ -501,6 +505,7 @@ def test_prepare_writes_the_served_step_and_the_no_pdl_twins(monkeypatch, tmp_pa
 def test_bench_served_refuses_to_time_a_planned_cell_that_would_fall_back(monkeypatch):
     import torch
     from helpers.fake_step import HAND_MODEL
+
     from skinny_gemm.runtime import ops
 
     _fake_bench(monkeypatch, (1,))
@@ -526,6 +531,7 @@ def test_prepare_tunes_m8_beyond_the_seed_sets_token_counts(monkeypatch, tmp_pat
 def test_a_read_cap_shortens_the_stand_ins_only():
     import torch
     from helpers.fake_step import HAND_MODEL
+
     from skinny_gemm.aot import measure as ms
     from skinny_gemm.aot import steps
 

@@ -13,11 +13,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from helpers.fake_driver import FakeDriver
 from skinny_gemm.runtime import driver as driver_mod
 from skinny_gemm.runtime import loader
 from skinny_gemm.runtime.manifest import MANIFEST_NAME
-
-from helpers.fake_driver import FakeDriver
 
 ARCHS = ("sm_90a", "sm_121")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.artifacts import all_plans, manifest_of
 
 import skinny_gemm
 from skinny_gemm.runtime import loader
-from helpers.artifacts import all_plans, manifest_of
 
 SHAPES = [((4096,), (32, 4096)), ((1, 64), (16, 64)), ((3, 64), (16, 64)), ((2, 3, 40), (24, 40)), ((0, 16), (8, 16))]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from skinny_gemm.runtime import coverage
 
 ROOT = Path(__file__).resolve().parents[2]

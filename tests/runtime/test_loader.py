@@ -25,6 +25,7 @@ from helpers.artifacts import (
     write_manifest,
 )
 from helpers.fake_driver import FakeDriver, R
+
 from skinny_gemm.runtime import driver as driver_mod
 from skinny_gemm.runtime import elf, loader
 from skinny_gemm.runtime.manifest import MANIFEST_NAME, PARAMS

@@ -19,6 +19,7 @@ from helpers.artifacts import (
     manifest_of,
     plans_of,
 )
+
 from skinny_gemm.aot import verify
 from skinny_gemm.runtime import diagnostics, loader
 from skinny_gemm.runtime.manifest import MANIFEST_NAME

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import skinny_gemm
 import torch
 from helpers.artifacts import first_variant
+
+import skinny_gemm
 from skinny_gemm.runtime import diagnostics, loader
 
 

@@ -8,6 +8,7 @@ import json
 import time
 
 from helpers.artifacts import all_plans, bind_all, manifest_of
+
 from skinny_gemm.kernels.config import ConfigError, KernelConfig
 from skinny_gemm.runtime import artifacts, loader, manifest
 from skinny_gemm.runtime.manifest import MANIFEST_NAME
@@ -110,8 +111,9 @@ def test_synthetic_catalogue_refuses_only_what_is_called(fresh, art):
 
 
 def test_plan_for_checks_only_the_variants_of_its_shape(fresh, art, monkeypatch):
-    import skinny_gemm
     import torch
+
+    import skinny_gemm
 
     add_catalogue(art / "sm_90a", 200)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

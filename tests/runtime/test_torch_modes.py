@@ -6,11 +6,12 @@ from __future__ import annotations
 import random
 
 import pytest
-import skinny_gemm
 import torch
 import torch.nn.functional as F
-from skinny_gemm.runtime import ops
 from torch.utils._python_dispatch import TorchDispatchMode
+
+import skinny_gemm
+from skinny_gemm.runtime import ops
 
 
 class PassThrough(TorchDispatchMode):

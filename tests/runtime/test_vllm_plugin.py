@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+
 from skinny_gemm.runtime import api, vllm_plugin
 from skinny_gemm.runtime.vllm_plugin import (
     LOG_PREFIX,
