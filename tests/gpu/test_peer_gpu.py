@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from skinny_gemm.aot import measure as ms
 from skinny_gemm.aot import peer
 

@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import skinny_gemm
 import torch
+
+import skinny_gemm
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 TESTS = str(Path(__file__).resolve().parent.parent)
