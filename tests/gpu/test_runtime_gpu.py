@@ -660,7 +660,7 @@ def test_tampered_artifacts_refused_on_the_real_driver(dev, tmp_path):
         "    'planned': sorted(table.table), 'survivors_checked': len(checked)}))\n"
     )
     refused = res["refused"]
-    print("\nrefused on the real driver:\n  " + "\n  ".join(f"{f} ({broken.get(f, ('?',))[0]}): {why}"
+    print("\nrefused before the real driver saw them:\n  " + "\n  ".join(f"{f} ({broken.get(f, ('?',))[0]}): {why}"
                                                         for f, why in {**refused, **res["device_refused"]}.items()))
     assert set(refused) == set(broken) and not res["device_refused"], (refused, res["device_refused"], broken)
     wrong = {f: why for f, why in refused.items() if broken[f][1] not in why}
