@@ -1,13 +1,26 @@
 """The runtime on a real GPU (skipped without CUDA).
 
-Every manifest entry against a float64 reference, eager and under CUDA graph replay, residual on
-and off; a fuzz of planned and unplanned calls against F.linear; chained calls (PDL ordering); the
-first call inside a graph capture; two streams; torch.compile; tampered artifacts on the real
-driver; no context created by import or load. Import/load time and host overhead are printed
-(run pytest with -s to see them).
+Every manifest entry against a float64 reference, eager and under CUDA graph replay, with its 4th
+pointer (residual, or bias on a bias variant) and without; a fuzz of planned and unplanned calls
+against F.linear; chained calls (PDL ordering); the first call of a shape inside a graph capture
+(variants load and bind lazily, at first use); two streams; torch.compile; tampered artifacts on the
+real driver; no context created and no variant loaded by import or load. Import/load time and host
+overhead are printed (run pytest with -s to see them).
 
-Imports only ``skinny_gemm`` and ``helpers`` (tests/gpu/conftest.py puts tests/ on sys.path), so it
-runs from a copy of tests/ against an installed wheel. The bound (helpers/reference.py):
+Imports only ``skinny_gemm`` and ``helpers`` (tests/conftest.py puts tests/ on sys.path), so it runs
+from a copy of tests/ against an installed wheel. It must run outside any checkout: the repository's
+root conftest.py would import the source tree as ``skinny_gemm`` in place of the wheel. On the H200
+(which has no cutlass, so the test-only new-path variants are built on the CPU machine, from the same
+commit as the wheel: the package versions must match, and carried along)::
+
+    # CPU machine, in the checkout: the wheel (dist/) and the new-path variants (OUT/sm_90a/)
+    python tests/helpers/new_paths.py build/new-paths
+    # H200, from the checkout's root (dist/ and build/new-paths carried there):
+    pip install --no-deps --no-index --target /tmp/site dist/skinny_gemm-*0sm90a*.whl
+    rm -rf /tmp/t && cp -r tests /tmp/t && NP=$PWD/build/new-paths && cd /tmp/t &&
+    PYTHONPATH=/tmp/site SKINNY_TEST_NEW_PATHS=$NP python -m pytest gpu -s -p no:cacheprovider
+
+Without SKINNY_TEST_NEW_PATHS the new-path tests skip (and say why). The bound (helpers/reference.py):
 |y - ref| <= 2^-8 |ref| + 2^-16 (|x| @ |W|^T), plus 2^-8 |x @ W^T| where F.linear rounds before
 adding a residual; wherever the fallback ran, the result must equal F.linear's bit for bit.
 """
@@ -31,10 +44,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.reference import allowed, assert_within_bound, poison_, poison_allocator, random_tensor, reference
 
 import skinny_gemm
-from helpers.reference import allowed, assert_within_bound, reference, poison_, poison_allocator, random_tensor
 from skinny_gemm.runtime import diagnostics, loader, ops
+from skinny_gemm.runtime.artifacts import open_dir
 from skinny_gemm.runtime.manifest import ARCH_FOR_CAPABILITY, MANIFEST_NAME
 
 pytestmark = pytest.mark.skipif(
@@ -49,7 +63,8 @@ _weights: dict = {}
 
 @pytest.fixture(scope="module")
 def dev():
-    """This GPU's loaded and bound table; fails with the env report if the artifacts did not load cleanly."""
+    """This GPU's loaded table (its variants load and bind at first use); fails with the env report if the
+    manifest did not load or any variant fails the host checks (the report runs them all)."""
     idx = torch.cuda.current_device()
     cap = torch.cuda.get_device_capability(idx)
     if cap not in ARCH_FOR_CAPABILITY:
@@ -67,6 +82,28 @@ def dev():
 
 def plans(dev):
     return sorted(dev.library.manifest.plans.items())
+
+
+def config_of(dev, key):
+    """The KernelConfig planned for (n, k, m) on this GPU (its record's checks, no cubin read)."""
+    man = dev.library.manifest
+    return man.variant(man.plans[key]).config
+
+
+def extras(cfg, m, n, scale=1.0, gen=None):
+    """A call's 4th pointer for this config: (bias, residual, added). A bias variant reads that pointer as
+    N bias values (and refuses a residual), any other as an M x N residual (runtime/ops.py); ``added`` is
+    what the result adds to x @ W^T."""
+    if cfg.bias:
+        b = random_tensor((n,), "cuda", scale, generator=gen)
+        return b, None, b.expand(m, n)
+    r = random_tensor((m, n), "cuda", scale, generator=gen)
+    return None, r, r
+
+
+def fourth(bias, residual):
+    """The 4th kernel pointer of a direct launch: the bias, else the residual, else 0."""
+    return ptr(bias if bias is not None else residual)
 
 
 def weight(n, k):
@@ -88,21 +125,23 @@ def test_every_entry_eager(dev):
     gen = torch.Generator(device="cuda").manual_seed(1)
     failures = []
     for (n, k, m), vid in plans(dev):
-        rec, w = dev.table[(n, k, m)], weight(n, k)
+        rec, w = dev.table.get((n, k, m)), weight(n, k)  # binds it (first use)
+        assert rec is not None, f"{vid} refused at first use: {dev.library.problems()} {dev.refused}"
+        cfg = rec.variant.config
         for scale in SCALES:
-            for with_res in (False, True):
+            for with_extra in (False, True):
                 x = random_tensor((m, k), "cuda", scale, generator=gen)
-                r = random_tensor((m, n), "cuda", scale, generator=gen) if with_res else None
+                b, r, added = extras(cfg, m, n, scale, gen) if with_extra else (None, None, None)
                 out = poison_(torch.empty(m, n, dtype=BF16, device="cuda"))
-                loader.launch(rec, x.data_ptr(), w.data_ptr(), out.data_ptr(), ptr(r), stream())
-                assert ops.plan(x, w, r) is rec, f"dispatch picked another record for {(n, k, m)}"
+                loader.launch(rec, x.data_ptr(), w.data_ptr(), out.data_ptr(), fourth(b, r), stream())
+                assert ops.plan(x, w, r, b) is rec, f"dispatch picked another record for {(n, k, m)}"
                 poison_allocator((m, n), "cuda")
-                y = skinny_gemm.linear(x, w, residual=r)
+                y = skinny_gemm.linear(x, w, b, residual=r)
                 torch.cuda.synchronize()
-                what = f"{vid} (n={n}, k={k}, m={m}) scale {scale} residual {with_res}"
+                what = f"{vid} (n={n}, k={k}, m={m}) scale {scale} {'bias' if cfg.bias else 'residual'} {with_extra}"
                 for how, got in (("direct launch", out), ("skinny_gemm.linear", y)):
                     try:
-                        assert_within_bound(got, x, w, r, what=f"{what} {how}")
+                        assert_within_bound(got, x, w, added, what=f"{what} {how}")
                     except AssertionError as exc:
                         failures.append(str(exc))
                 if not torch.equal(out, y):
@@ -114,23 +153,25 @@ def test_every_entry_graph_replay(dev):
     gen = torch.Generator(device="cuda").manual_seed(2)
     failures = []
     for (n, k, m), vid in plans(dev):
-        w = weight(n, k)
-        for with_res in (False, True):
+        w, cfg = weight(n, k), config_of(dev, (n, k, m))
+        for with_extra in (False, True):
             xs = random_tensor((m, k), "cuda", generator=gen)
-            rs = random_tensor((m, n), "cuda", generator=gen) if with_res else None
-            assert ops.plan(xs, w, rs) is not None
+            bs, rs, added = extras(cfg, m, n, 1.0, gen) if with_extra else (None, None, None)
+            assert ops.plan(xs, w, rs, bs) is not None
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                y = skinny_gemm.linear(xs, w, residual=rs)
+                y = skinny_gemm.linear(xs, w, bs, residual=rs)
             for scale in SCALES:
                 xs.copy_(random_tensor((m, k), "cuda", scale, generator=gen))
-                if rs is not None:
-                    rs.copy_(random_tensor((m, n), "cuda", scale, generator=gen))
+                for t, shape in ((bs, (n,)), (rs, (m, n))):
+                    if t is not None:
+                        t.copy_(random_tensor(shape, "cuda", scale, generator=gen))
                 poison_(y)
                 graph.replay()
                 torch.cuda.synchronize()
                 try:
-                    assert_within_bound(y, xs, w, rs, what=f"{vid} (n={n}, k={k}, m={m}) replay scale {scale} res {with_res}")
+                    what = f"{vid} (n={n}, k={k}, m={m}) replay scale {scale} {'bias' if cfg.bias else 'res'} {with_extra}"
+                    assert_within_bound(y, xs, w, added, what=what)
                 except AssertionError as exc:
                     failures.append(str(exc))
             del graph
@@ -147,23 +188,33 @@ def test_chained_calls_see_each_others_outputs(dev):
     gen = torch.Generator(device="cuda").manual_seed(3)
     for m in skinny_gemm.planned_ms(n, n):
         x0 = random_tensor((m, n), "cuda", 1.0 / n**0.5, generator=gen)
+        # Each call adds the previous output as its residual, or a bias on a bias variant (no residual there).
+        b = random_tensor((n,), "cuda", 1.0 / n**0.5, generator=gen) if config_of(dev, (n, n, m)).bias else None
+
+        def step(prev):
+            return skinny_gemm.linear(prev, w, b, residual=None if b is not None else prev)
+
+        def added(prev):
+            return b.expand(m, n) if b is not None else prev
+
+        assert ops.plan(x0, w, None if b is not None else x0, b) is not None, f"the chain at m={m} would fall back"
         ys = [x0]
         for _ in range(8):
-            ys.append(skinny_gemm.linear(ys[-1], w, residual=ys[-1]))
+            ys.append(step(ys[-1]))
         torch.cuda.synchronize()
         for i in range(1, len(ys)):
-            assert_within_bound(ys[i], ys[i - 1], w, ys[i - 1], what=f"eager chain m={m} step {i}")
+            assert_within_bound(ys[i], ys[i - 1], w, added(ys[i - 1]), what=f"eager chain m={m} step {i}")
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             gs = [x0]
             for _ in range(8):
-                gs.append(skinny_gemm.linear(gs[-1], w, residual=gs[-1]))
+                gs.append(step(gs[-1]))
         for g in gs[1:]:
             poison_(g)
         graph.replay()
         torch.cuda.synchronize()
         for i in range(1, len(gs)):
-            assert_within_bound(gs[i], gs[i - 1], w, gs[i - 1], what=f"graph chain m={m} step {i}")
+            assert_within_bound(gs[i], gs[i - 1], w, added(gs[i - 1]), what=f"graph chain m={m} step {i}")
 
 
 def _case(rng, dev, gen):
@@ -266,7 +317,9 @@ def test_fuzz_matches_f_linear(dev):
 def test_m_zero_and_above_plans(dev):
     (n, k, _), _ = plans(dev)[0]
     w = weight(n, k)
-    for m in (0, max(skinny_gemm.planned_ms(n, k)) + 1, 16, 64):
+    planned = skinny_gemm.planned_ms(n, k)
+    unplanned = sorted({0, max(planned) + 1, 16, 64} - set(planned))  # M up to 16 may be planned
+    for m in unplanned:
         x = random_tensor((m, k), "cuda")
         assert ops.plan(x, w) is None
         assert torch.equal(skinny_gemm.linear(x, w), F.linear(x, w))
@@ -274,13 +327,28 @@ def test_m_zero_and_above_plans(dev):
         assert torch.equal(skinny_gemm.linear(x, w, residual=r), F.linear(x, w) + r)
 
 
-def test_first_call_of_a_shape_inside_capture(dev):
-    (n, k, m), _ = plans(dev)[-1]
+def test_first_call_of_a_shape_inside_capture(dev, monkeypatch):
+    """The first call of a shape loads its variant (cuLibraryLoadData) and binds it inside the capture, in
+    relaxed capture mode, and the kernel is what the graph replays. The earlier tests bound this GPU's
+    variants already, so the call goes to a fresh library and table of the same artifacts."""
+    fresh = loader.DeviceTable(dev.ordinal, dev.name, dev.capability, dev.arch,
+                               open_dir(dev.library.directory, dev.arch))
+    monkeypatch.setitem(loader.DEVICES, dev.ordinal, fresh)
+    (n, k, m), vid = plans(dev)[-1]
     w = weight(n, k)
     x = random_tensor((m, k), "cuda")
+    launches = []
+    real = loader.launch_raw
+    monkeypatch.setattr(loader, "launch_raw", lambda rec, *a: launches.append(rec.variant.id) or real(rec, *a))
+    torch.cuda.synchronize()
+    assert not fresh.library.kernels and not fresh.functions and fresh.table is None
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = skinny_gemm.linear(x, w)
+    # Loaded and bound inside the capture (a driver failure there would have fallen back to F.linear).
+    assert launches == [vid], launches
+    assert list(fresh.library.kernels) == [vid] and list(fresh.functions) == [vid], (fresh.library, fresh.functions)
+    assert list(fresh.table.bound) == [(n, k, m)], fresh.table
     poison_(y)
     graph.replay()
     torch.cuda.synchronize()
@@ -327,49 +395,90 @@ CONTEXT_STATE = (
 )
 
 
+# What lazy loading leaves after import and load (GPU 0), and what one first call then loads: only its variant.
+LAZY_STATE = (
+    "def lazy_state():\n"
+    "    from skinny_gemm.runtime import loader\n"
+    "    s, dev = loader.STATE, loader.DEVICES[0]\n"
+    "    lib = s.libraries.get(dev.arch)\n"
+    "    return {'loaded': s.loaded, 'error': s.error, 'load_s': s.seconds,\n"
+    "            'manifest': lib is not None and lib.manifest is not None,\n"
+    "            'kernels': sorted(lib.kernels) if lib else [],\n"
+    "            'cubins_checked': len(lib.passed) + len(lib.refused) if lib else 0,\n"
+    "            'functions': sorted(dev.functions), 'bound': [] if dev.table is None else sorted(dev.table.bound)}\n"
+    "def first_call():\n"
+    "    import skinny_gemm\n"
+    "    from skinny_gemm.runtime import loader\n"
+    "    from helpers.reference import assert_within_bound, random_tensor\n"
+    "    (n, k, m), vid = sorted(loader.DEVICES[0].library.manifest.plans.items())[0]\n"
+    "    x, w = random_tensor((m, k), 'cuda:0'), random_tensor((n, k), 'cuda:0', 0.05)\n"
+    "    torch.cuda.synchronize()\n"
+    "    launches, real = [], loader.launch_raw\n"
+    "    loader.launch_raw = lambda rec, *a: launches.append(rec.variant.id) or real(rec, *a)\n"
+    "    t = time.perf_counter()\n"
+    "    y = skinny_gemm.linear(x, w)\n"
+    "    first_s = time.perf_counter() - t\n"
+    "    loader.launch_raw = real\n"
+    "    torch.cuda.synchronize()\n"
+    "    assert_within_bound(y, x, w, what='first call')\n"
+    "    return {'key': [n, k, m], 'vid': vid, 'first_s': first_s, 'launches': launches, 'after': lazy_state()}\n"
+)
+
+
 def test_import_and_load_create_no_context(dev):
+    """Import calls no CUDA API; loading (at torch's CUDA init, or at import once torch has initialized it) reads
+    only the manifest: no cubin read, no variant loaded or bound, no context created, within 50 ms. The first
+    call of a planned shape then loads and binds exactly its variant and launches it."""
     baseline = run_py("import torch\n" + CONTEXT_STATE + "torch.cuda.init()\nprint(json.dumps(ctx_state()))\n")
     before_init = run_py(
-        "import torch\n" + CONTEXT_STATE + "t = time.perf_counter()\n"
+        "import torch\n" + CONTEXT_STATE + LAZY_STATE + "t = time.perf_counter()\n"
         "load_skinny_gemm()\n"
         "t_import = time.perf_counter() - t\n"
         "from skinny_gemm.runtime import loader\n"
         "assert not torch.cuda.is_initialized(), 'import initialized CUDA'\n"
         "assert not loader.STATE.loaded, 'import loaded artifacts before torch initialized CUDA'\n"
         "torch.cuda.init()\n"
-        "s = loader.STATE\n"
-        "lib = s.libraries.get(loader.DEVICES[0].arch)\n"
-        "print(json.dumps(dict(ctx_state(), import_s=t_import, load_s=s.seconds, loaded=s.loaded, error=s.error,\n"
-        "      kernels=len(lib.kernels) if lib else 0, unbound=loader.DEVICES[0].table is None)))\n"
+        "res = dict(ctx_state(), import_s=t_import, **lazy_state())\n"
+        "print(json.dumps(dict(res, call=first_call())))\n"
     )
     after_init = run_py(
-        "import torch\n" + CONTEXT_STATE + "torch.cuda.init()\n"
+        "import torch\n" + CONTEXT_STATE + LAZY_STATE + "torch.cuda.init()\n"
         "t = time.perf_counter()\n"
         "load_skinny_gemm()\n"
         "t_import = time.perf_counter() - t\n"
-        "from skinny_gemm.runtime import loader\n"
-        "s = loader.STATE\n"
-        "print(json.dumps(dict(ctx_state(), import_s=t_import, load_s=s.seconds, loaded=s.loaded, error=s.error,\n"
-        "      kernels=len(s.libraries[loader.DEVICES[0].arch].kernels))))\n"
+        "res = dict(ctx_state(), import_s=t_import, **lazy_state())\n"
+        "print(json.dumps(dict(res, call=first_call())))\n"
     )
+    n_variants = len(dev.library.manifest.files)
     print(
         f"\nimport cuda.bindings.driver (before skinny_gemm, so not in the numbers below): "
         f"{before_init['driver_import_s'] * 1e3:.1f} ms"
         f"\nimport skinny_gemm (torch imported, CUDA not initialized): {before_init['import_s'] * 1e3:.1f} ms; "
-        f"load at torch's CUDA init: {before_init['load_s'] * 1e3:.1f} ms for {before_init['kernels']} kernels"
+        f"load at torch's CUDA init: {before_init['load_s'] * 1e3:.1f} ms ({n_variants} variants in the manifest, "
+        f"{len(before_init['kernels'])} loaded)"
         f"\nimport skinny_gemm with torch's CUDA initialized (loads at import): {after_init['import_s'] * 1e3:.1f} ms "
-        f"(load {after_init['load_s'] * 1e3:.1f} ms, {after_init['kernels']} kernels)"
+        f"(load {after_init['load_s'] * 1e3:.1f} ms, {len(after_init['kernels'])} loaded)"
+        f"\nfirst call (loads and binds its variant): {before_init['call']['first_s'] * 1e3:.1f} ms, "
+        f"{after_init['call']['first_s'] * 1e3:.1f} ms"
     )
-    n_variants = len(dev.library.manifest.variants)
     for run in (before_init, after_init):
-        assert run["loaded"] and run["error"] is None and run["kernels"] == n_variants, run
+        assert run["loaded"] and run["error"] is None and run["manifest"], run
+        # Lazy: nothing of any variant is read, loaded or bound by import or load.
+        assert (run["kernels"], run["cubins_checked"], run["functions"], run["bound"]) == ([], 0, [], []), run
         assert (run["active"], run["current"]) == (baseline["active"], baseline["current"]), (baseline, run)
+        call = run["call"]
+        after = call["after"]
+        # The first call loads, binds and launches its own variant, nothing else.
+        assert call["launches"] == [call["vid"]], call
+        assert after["kernels"] == [call["vid"]] and after["functions"] == [call["vid"]], call
+        assert after["bound"] == [call["key"]] and after["cubins_checked"] == 1, call
     assert before_init["load_s"] < 0.05 and after_init["load_s"] < 0.05, "loading took over 50 ms"
-    assert after_init["import_s"] < 0.05, "import with every artifact loaded took over 50 ms (issue 3's bound)"
+    assert after_init["import_s"] < 0.05, "import with the manifest loaded took over 50 ms (issue 3's bound)"
 
 
 def test_very_first_call_inside_capture_binds():
-    """A fresh process whose first skinny_gemm call happens inside a graph capture (device not yet bound)."""
+    """A fresh process whose first skinny_gemm call happens inside a graph capture: nothing is loaded or bound
+    before it (lazy loading), and that call loads, binds and launches the planned kernel inside the capture."""
     res = run_py(
         "import torch\n"
         "load_skinny_gemm()\n"
@@ -378,26 +487,34 @@ def test_very_first_call_inside_capture_binds():
         "from helpers.reference import allowed, assert_within_bound, reference, poison_, random_tensor\n"
         "x0 = torch.empty(1, device='cuda')\n"
         "dev = loader.DEVICES[torch.cuda.current_device()]\n"
-        "(n, k, m) = sorted(dev.library.manifest.plans)[0]\n"
+        "(n, k, m), vid = sorted(dev.library.manifest.plans.items())[0]\n"
         "x = random_tensor((m, k), 'cuda'); w = random_tensor((n, k), 'cuda', 0.05)\n"
         "torch.cuda.synchronize()\n"
-        "unbound = dev.table is None\n"
+        "unbound = not dev.library.kernels and not dev.functions and (dev.table is None or not dev.table.bound)\n"
+        "launches, real = [], loader.launch_raw\n"
+        "loader.launch_raw = lambda rec, *a: launches.append(rec.variant.id) or real(rec, *a)\n"
         "g = torch.cuda.CUDAGraph()\n"
         "with torch.cuda.graph(g):\n"
         "    y = skinny_gemm.linear(x, w)\n"
+        "loader.launch_raw = real\n"
+        "# Read before any call outside the capture could bind it.\n"
+        "in_capture = {'launches': launches, 'kernels': sorted(dev.library.kernels), 'functions': sorted(dev.functions),\n"
+        "              'bound': sorted(dev.table.bound) if dev.table is not None else []}\n"
         "poison_(y); g.replay(); torch.cuda.synchronize()\n"
         "assert_within_bound(y, x, w, what='very first call inside capture')\n"
-        "print(json.dumps({'unbound_before': unbound, 'planned': ops.plan(x, w) is not None,\n"
-        "                  'bound_entries': len(dev.table or {})}))\n"
+        "print(json.dumps({'unbound_before': unbound, 'vid': vid, 'key': [n, k, m], 'in_capture': in_capture,\n"
+        "                  'planned': ops.plan(x, w) is not None}))\n"
     )
-    assert res["planned"] and res["bound_entries"] > 0, res
-    if not res["unbound_before"]:
-        pytest.skip(f"torch had made the context before the load, so binding happened at load: {res}")
+    assert res["unbound_before"], res
+    got = res["in_capture"]
+    assert got["launches"] == [res["vid"]], res
+    assert got["kernels"] == [res["vid"]] and got["functions"] == [res["vid"]] and got["bound"] == [res["key"]], res
+    assert res["planned"], res
 
 
 def test_two_streams(dev, monkeypatch):
     (n, k, m), _ = plans(dev)[len(plans(dev)) // 2]
-    w = weight(n, k)
+    w, cfg = weight(n, k), config_of(dev, (n, k, m))
     seen = []
     real = loader.launch_raw
 
@@ -408,32 +525,37 @@ def test_two_streams(dev, monkeypatch):
     monkeypatch.setattr(loader, "launch_raw", spy)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     x1, x2 = random_tensor((m, k), "cuda"), random_tensor((m, k), "cuda")
-    r2 = random_tensor((m, n), "cuda")
+    b2, r2, added = extras(cfg, m, n)
     torch.cuda.synchronize()
     with torch.cuda.stream(s1):
         y1 = skinny_gemm.linear(x1, w)
     with torch.cuda.stream(s2):
-        y2 = skinny_gemm.linear(x2, w, residual=r2)
+        y2 = skinny_gemm.linear(x2, w, b2, residual=r2)
     torch.cuda.synchronize()
     assert seen == [s1.cuda_stream, s2.cuda_stream]
     assert_within_bound(y1, x1, w, what="stream 1")
-    assert_within_bound(y2, x2, w, r2, what="stream 2")
+    assert_within_bound(y2, x2, w, added, what="stream 2")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=s1):
-        y3 = skinny_gemm.linear(x1, w, residual=r2)
+        y3 = skinny_gemm.linear(x1, w, b2, residual=r2)
     poison_(y3)
     graph.replay()
     torch.cuda.synchronize()
-    assert_within_bound(y3, x1, w, r2, what="graph captured on a side stream")
+    assert_within_bound(y3, x1, w, added, what="graph captured on a side stream")
 
 
 class Proj(torch.nn.Module):
-    def __init__(self, w):
+    """x @ w^T + e, times 2: ``e`` is the bias on a bias variant, else the residual (what its plan runs)."""
+
+    def __init__(self, w, bias_variant):
         super().__init__()
         self.w = torch.nn.Parameter(w, requires_grad=False)
+        self.bias_variant = bias_variant
 
-    def forward(self, x, r):
-        return skinny_gemm.linear(x, self.w, residual=r) * 2
+    def forward(self, x, e):
+        if self.bias_variant:
+            return skinny_gemm.linear(x, self.w, e) * 2
+        return skinny_gemm.linear(x, self.w, residual=e) * 2
 
 
 @pytest.mark.parametrize("backend, mode", [("aot_eager", None), ("inductor", None), ("inductor", "reduce-overhead")])
@@ -441,7 +563,8 @@ def test_torch_compile(dev, monkeypatch, backend, mode):
     if backend == "inductor" and importlib.util.find_spec("triton") is None:
         pytest.skip("inductor needs triton, not installed here")
     (n, k, m), _ = plans(dev)[0]
-    mod = Proj(weight(n, k))
+    cfg = config_of(dev, (n, k, m))
+    mod = Proj(weight(n, k), cfg.bias)
     launches = []
     real = loader.launch_raw
     monkeypatch.setattr(loader, "launch_raw", lambda rec, *a: launches.append(rec) or real(rec, *a))
@@ -450,15 +573,18 @@ def test_torch_compile(dev, monkeypatch, backend, mode):
     gen = torch.Generator(device="cuda").manual_seed(5)
     with torch.no_grad():
         for _ in range(4):
-            x, r = random_tensor((m, k), "cuda", generator=gen), random_tensor((m, n), "cuda", generator=gen)
-            y = compiled(x, r).clone()
+            x = random_tensor((m, k), "cuda", generator=gen)
+            b, r, _ = extras(cfg, m, n, gen=gen)
+            e = b if cfg.bias else r
+            y = compiled(x, e).clone()
             torch.cuda.synchronize()
-            assert torch.equal(y, mod(x, r)), f"{backend}/{mode}: compiled differs from eager"
+            assert torch.equal(y, mod(x, e)), f"{backend}/{mode}: compiled differs from eager"
     assert launches, "the compiled module never launched a skinny kernel"
 
 
 def _tamper(dev, tmp_path):
-    """A copy of this GPU's artifacts with five variants broken in five ways; returns (dir, {file: how})."""
+    """A copy of this GPU's artifacts with five variants broken in five ways; returns (dir, {file: (how, the
+    phrase its refusal holds)})."""
     src = dev.library.directory
     dst = tmp_path / src.name
     shutil.copytree(src, dst)
@@ -476,20 +602,21 @@ def _tamper(dev, tmp_path):
     blob = bytearray(p.read_bytes())
     blob[len(blob) // 2] ^= 0x40
     p.write_bytes(bytes(blob))
-    broken[a["file"]] = "flipped byte"
+    broken[a["file"]] = ("flipped byte", "sha256 mismatch (corrupted or replaced)")
     (dst / b["file"]).unlink()
-    broken[b["file"]] = "missing"
+    broken[b["file"]] = ("missing", f"cubin missing (variant {b['id']})")
     p = dst / c["file"]
     blob = bytearray(p.read_bytes())
     flags = int.from_bytes(blob[48:52], "little")
-    blob[48:52] = ((flags & ~0xFF00) | (121 << 8)).to_bytes(4, "little")
+    other = 121 if data["arch"] != "sm_121" else 90  # the SM number of another arch than the manifest's
+    blob[48:52] = ((flags & ~0xFF00) | (other << 8)).to_bytes(4, "little")
     p.write_bytes(bytes(blob))
     rehash(c)
-    broken[c["file"]] = "ELF says sm_121 (manifest rehashed)"
+    broken[c["file"]] = (f"ELF says sm_{other} (manifest rehashed)", f"ELF arch is sm_{other}")
     p = dst / d["file"]
     p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
     rehash(d)
-    broken[d["file"]] = "truncated (manifest rehashed)"
+    broken[d["file"]] = ("truncated (manifest rehashed)", "not a valid cubin")
     p = dst / e["file"]
     blob = p.read_bytes()
     # EIATTR_KPARAM_INFO (format 0x04, attribute 0x17, 12 bytes) of param 5 at offset 36: claim 8 bytes
@@ -500,13 +627,15 @@ def _tamper(dev, tmp_path):
     blob = blob[: match.start(1)] + struct.pack("<I", pflags) + blob[match.end(1) :]
     p.write_bytes(blob)
     rehash(e)
-    broken[e["file"]] = "param 5 claims 8 bytes (manifest rehashed)"
+    broken[e["file"]] = ("param 5 claims 8 bytes (manifest rehashed)", "parameter layout")
     (dst / MANIFEST_NAME).write_text(json.dumps(data))
     return dst, broken
 
 
 def test_tampered_artifacts_refused_on_the_real_driver(dev, tmp_path):
-    """In a fresh process, so that a driver choking on a broken image cannot take the suite down."""
+    """In a fresh process, so that a driver choking on a broken image cannot take the suite down. load_dir is
+    eager: it checks and binds every variant at once, so every refusal is warned about there. Each damage is
+    refused by the host checks, before the driver sees the cubin; the survivors launch correctly."""
     directory, broken = _tamper(dev, tmp_path)
     res = run_py(
         "import torch, warnings\n"
@@ -526,16 +655,19 @@ def test_tampered_artifacts_refused_on_the_real_driver(dev, tmp_path):
         "    loader.launch(rec, x.data_ptr(), w.data_ptr(), out.data_ptr(), 0, torch.cuda.current_stream().cuda_stream)\n"
         "    torch.cuda.synchronize()\n"
         "    assert_within_bound(out, x, w, what='survivor ' + rec.variant.id)\n"
-        "print(json.dumps({'refused': {**table.library.refused, **table.refused},\n"
+        "print(json.dumps({'refused': table.library.refused, 'device_refused': table.refused,\n"
         "    'warnings': [str(w.message) for w in caught if issubclass(w.category, loader.ArtifactWarning)],\n"
         "    'planned': sorted(table.table), 'survivors_checked': len(checked)}))\n"
     )
     refused = res["refused"]
-    print("\nrefused on the real driver:\n  " + "\n  ".join(f"{f} ({broken.get(f)}): {why}" for f, why in refused.items()))
-    assert set(refused) == set(broken), (refused, broken)
+    print("\nrefused before the real driver saw them:\n  " + "\n  ".join(f"{f} ({broken.get(f, ('?',))[0]}): {why}"
+                                                        for f, why in {**refused, **res["device_refused"]}.items()))
+    assert set(refused) == set(broken) and not res["device_refused"], (refused, res["device_refused"], broken)
+    wrong = {f: why for f, why in refused.items() if broken[f][1] not in why}
+    assert not wrong, f"refused for another reason than expected: {wrong}"
     assert res["warnings"] and all(f in "".join(res["warnings"]) for f in broken), res["warnings"]
     manifest = dev.library.manifest
-    bad_ids = {vid for vid, v in manifest.variants.items() if v.file in broken}
+    bad_ids = {vid for vid, file in manifest.files.items() if file in broken}
     expected = sorted(list(key) for key, vid in manifest.plans.items() if vid not in bad_ids)
     assert res["planned"] == expected
     assert res["survivors_checked"] == len({vid for vid in manifest.plans.values() if vid not in bad_ids})
@@ -562,53 +694,70 @@ def test_tampered_install_falls_back_in_a_fresh_process(dev, tmp_path):
     arch_dir = root / dev.library.directory.name
     shutil.copytree(dev.library.directory, arch_dir)
     data = json.loads((arch_dir / MANIFEST_NAME).read_text())
-    victim = data["variants"][0]
+    hit_plan = data["plans"][0]
+    victim = next(v for v in data["variants"] if v["id"] == hit_plan["variant"])
     p = arch_dir / victim["file"]
     blob = bytearray(p.read_bytes())
     blob[100] ^= 1
     p.write_bytes(bytes(blob))
-    hit = next((p["n"], p["k"], p["m"]) for p in data["plans"] if p["variant"] == victim["id"])
+    hit = (hit_plan["n"], hit_plan["k"], hit_plan["m"])
     safe = next((p["n"], p["k"], p["m"]) for p in data["plans"] if p["variant"] != victim["id"])
+    # Variants are checked at their first use: the damage is warned about at the first call of its shape,
+    # once, and not at load (which reads only the manifest).
     res = run_py(
         "import torch, warnings, torch.nn.functional as F\n"
         "load_skinny_gemm()\n"
         "import skinny_gemm\n"
         "from skinny_gemm.runtime import ops, loader\n"
+        "def artifact_warnings(caught):\n"
+        "    return [str(w.message) for w in caught if issubclass(w.category, loader.ArtifactWarning)]\n"
+        "out = {}\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
         "    torch.cuda.init()\n"
-        "out = {'warnings': [str(w.message) for w in caught if issubclass(w.category, loader.ArtifactWarning)]}\n"
-        f"for name, (n, k, m) in (('hit', {hit}), ('safe', {safe})):\n"
-        "    x = torch.randn(m, k, device='cuda').bfloat16(); w = torch.randn(n, k, device='cuda').bfloat16()\n"
-        "    out[name + '_planned'] = ops.plan(x, w) is not None\n"
-        "    out[name + '_equal_f_linear'] = bool(torch.equal(skinny_gemm.linear(x, w), F.linear(x, w)))\n"
+        "    out['at_load'] = artifact_warnings(caught)\n"
+        f"    for name, (n, k, m) in (('hit', {hit}), ('safe', {safe})):\n"
+        "        x = torch.randn(m, k, device='cuda').bfloat16(); w = torch.randn(n, k, device='cuda').bfloat16()\n"
+        "        out[name + '_planned'] = ops.plan(x, w) is not None\n"
+        "        out[name + '_equal_f_linear'] = bool(torch.equal(skinny_gemm.linear(x, w), F.linear(x, w)))\n"
+        "out['warnings'] = artifact_warnings(caught)\n"
         "print(json.dumps(out))\n",
         env={loader.ENV_ARTIFACTS: str(root)},
     )
+    assert res["at_load"] == [], res
     assert len(res["warnings"]) == 1 and victim["file"] in res["warnings"][0], res
+    assert "sha256 mismatch" in res["warnings"][0], res
     assert not res["hit_planned"] and res["hit_equal_f_linear"], res
     assert res["safe_planned"], res
 
 
 def test_load_dir_and_launch_for_bench_code(dev):
     table = loader.load_dir(dev.library.directory, torch.cuda.current_device())
+    # The eager entry point: every variant loaded and bound, every planned shape's record made, at once.
+    assert set(table.library.kernels) == set(table.functions) == set(dev.library.manifest.files), table
+    assert set(table.table.bound) == set(dev.library.manifest.plans), table.table
     seen = set()
     for (n, k, m), vid in plans(dev):
         if vid in seen:
             continue
         seen.add(vid)
-        x, w, r = random_tensor((m, k), "cuda"), weight(n, k), random_tensor((m, n), "cuda")
+        x, w = random_tensor((m, k), "cuda"), weight(n, k)
+        b, r, added = extras(config_of(dev, (n, k, m)), m, n)
         out = poison_(torch.empty(m, n, dtype=BF16, device="cuda"))
-        table.launch(vid, x, w, out, r, n, k)
+        table.launch(vid, x, w, out, b if b is not None else r, n, k)
         torch.cuda.synchronize()
-        assert_within_bound(out, x, w, r, what=f"load_dir launch {vid}")
+        assert_within_bound(out, x, w, added, what=f"load_dir launch {vid}")
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_second_gpu_has_its_own_handles(dev):
     if torch.cuda.get_device_capability(1) != torch.cuda.get_device_capability(0):
         pytest.skip("GPU 1 has another capability")
-    (n, k, m), _ = plans(dev)[0]
+    (n, k, m), vid = plans(dev)[0]
+    t0, t1 = loader.DEVICES[0], loader.DEVICES[1]
+    torch.empty(1, device="cuda:0")
+    # Bound on GPU 0 too (variants bind per device at first use; also when this test runs alone).
+    assert (t0.table if t0.table is not None else t0.bind()).get((n, k, m)) is not None
     x = random_tensor((m, k), "cuda:1")
     w = weight(n, k).to("cuda:1")
     with torch.cuda.device(0):
@@ -617,7 +766,7 @@ def test_second_gpu_has_its_own_handles(dev):
     torch.cuda.synchronize(1)
     assert y.device == x.device
     assert_within_bound(y, x, w, what="GPU 1 called while GPU 0 is current")
-    t0, t1 = loader.DEVICES[0], loader.DEVICES[1]
+    assert vid in t0.functions and vid in t1.functions, "each GPU binds its own handle at its first call there"
     assert {int(f) for f in t0.functions.values()}.isdisjoint(int(f) for f in t1.functions.values())
 
 

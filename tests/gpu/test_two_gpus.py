@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import skinny_gemm
 import torch
+
+import skinny_gemm
 
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 TESTS = str(Path(__file__).resolve().parent.parent)
@@ -61,21 +62,26 @@ loader.launch_raw = _spy
 
 
 def check_cell(dev, n, k, m, gen, what):
-    """Eager and graph-replayed calls of one planned cell on ``dev``, with and without a residual."""
+    """Eager and graph-replayed calls of one planned cell on ``dev``, with and without its 4th pointer (a residual,
+    or a bias where the planned variant is a bias variant: that one refuses a residual)."""
+    cfg = skinny_gemm.plan_for(n, k, m, dev)
+    assert cfg is not None, f"{what} {(n, k, m)}: no plan on {dev}"
     w = random_tensor((n, k), dev, 0.05, generator=gen)
-    for with_res in (False, True):
+    for with_extra in (False, True):
         x = random_tensor((m, k), dev, generator=gen)
-        r = random_tensor((m, n), dev, generator=gen) if with_res else None
-        assert ops.plan(x, w, r) is not None, f"{what} {(n, k, m)}: not planned on {dev}"
-        y = skinny_gemm.linear(x, w, residual=r)
-        assert_within_bound(y, x, w, r, what=f"{what} eager {(n, k, m)} residual={with_res}")
+        b = random_tensor((n,), dev, generator=gen) if with_extra and cfg.bias else None
+        r = random_tensor((m, n), dev, generator=gen) if with_extra and not cfg.bias else None
+        added = b.expand(m, n) if b is not None else r
+        assert ops.plan(x, w, r, b) is not None, f"{what} {(n, k, m)}: not planned on {dev}"
+        y = skinny_gemm.linear(x, w, b, residual=r)
+        assert_within_bound(y, x, w, added, what=f"{what} eager {(n, k, m)} extra={with_extra}")
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            yg = skinny_gemm.linear(x, w, residual=r)
+            yg = skinny_gemm.linear(x, w, b, residual=r)
         poison_(yg)
         g.replay()
         torch.cuda.synchronize(dev)
-        assert_within_bound(yg, x, w, r, what=f"{what} graph {(n, k, m)} residual={with_res}")
+        assert_within_bound(yg, x, w, added, what=f"{what} graph {(n, k, m)} extra={with_extra}")
     return w
 
 
@@ -139,7 +145,9 @@ caps = {torch.cuda.get_device_capability(i) for i in range(world)}
 for i in range(world):
     torch.empty(1, device=f"cuda:{i}")  # torch's contexts exist; nothing bound yet
 loader.ensure_loaded()
-unbound = [loader.DEVICES[i].functions == {} for i in range(world)]
+# Variants load and bind at their first call: nothing of any is loaded or bound yet.
+unbound = [not loader.DEVICES[i].functions and not loader.DEVICES[i].library.kernels
+           and (loader.DEVICES[i].table is None or not loader.DEVICES[i].table.bound) for i in range(world)]
 (n, k, m) = sorted(loader.DEVICES[0].library.manifest.plans)[0]
 seen = {}
 for d in range(world):

@@ -19,6 +19,7 @@ from helpers.reference import (
     poison_allocator,
     random_tensor,
 )
+
 from skinny_gemm.runtime import api, ops, vllm_plugin
 from skinny_gemm.runtime.vllm_plugin import (
     ROUTED,
