@@ -360,10 +360,27 @@ def add_arguments(p) -> None:
     mc.add_argument("--by", choices=("shape", "m"), default="shape",
                     help="hold out each (N, K) (default) or each token count M (how it extrapolates in M)")
     wr = sub.add_parser("write", help="write kernels/plans/<arch>.json from measured results")
-    wr.add_argument("results", type=Path, nargs="+",
+    wr.add_argument("results", type=Path, nargs="*",
                     help="results of `tune measure`; with several, a later file's cells replace an earlier one's")
+    wr.add_argument("--runs", type=Path, metavar="RUNS_JSON",
+                    help="instead: the runs listed in a runs.json, in its order (the committed plan: "
+                    "kernels/plans/tuning/sm_90a/runs.json)")
     wr.add_argument("--min-speedup", type=float, default=MIN_SPEEDUP)
     p.set_defaults(func=main)
+
+
+def _write_inputs(results: list[Path], runs: Path | None) -> list[Path]:
+    """`tune write`'s results files: those named, or a runs.json's list (files beside it, in its order)."""
+    if runs is None:
+        if not results:
+            raise ValueError("write needs results files or --runs RUNS_JSON")
+        return results
+    if results:
+        raise ValueError("write takes results files or --runs, not both")
+    try:
+        return [runs.parent / run["file"] for run in json.loads(runs.read_text())["runs"]]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{runs}: not a runs list ({{'runs': [{{'file': ...}}, ...]}}): {exc!r}") from None
 
 
 def _at_least_one(text: str) -> int:
@@ -392,7 +409,7 @@ def main(args) -> int:
                            decode_passes=args.decode_passes, read_cap_mb=args.decode_read_cap)
             print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")
         else:
-            path, planned, skipped = write_plan(args.results, args.min_speedup)
+            path, planned, skipped = write_plan(_write_inputs(args.results, args.runs), args.min_speedup)
             print(f"wrote {path}: {planned} cells planned, {skipped} left on cuBLAS")
     except (ValueError, OSError) as exc:
         print(f"skinny-gemm tune {args.phase}: error: {exc}", file=sys.stderr)

@@ -97,8 +97,7 @@ def test_committed_plan_is_the_tuners_output(tmp_path):
     The runs and their order are data (kernels/plans/tuning/sm_90a/runs.json, with what each
     run is); a later run's cells replace an earlier one's.
     """
-    listed = json.loads((TUNING / "runs.json").read_text())
-    runs = [TUNING / run["file"] for run in listed["runs"]]
+    runs = tune._write_inputs([], TUNING / "runs.json")
     out = tmp_path / "sm_90a.json"
     _path, planned, skipped = tune.write_plan(runs, out=out)
     assert out.read_text() == plans.plan_path("sm_90a").read_text()
