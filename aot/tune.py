@@ -249,8 +249,11 @@ def _check(lib, cfg: KernelConfig, n: int, k: int, m: int, device, ms) -> int:
     return bad
 
 
-def merge_results(paths: list[Path]) -> list[tuple[dict, dict]]:
+def merge_results(paths: list) -> list[tuple[dict, dict]]:
     """(results file, cell row) per cell over several results files of one arch; a later file's cell replaces an earlier one's.
+
+    An item may be ``(path, ms)``: only that run's cells of those token counts are used (runs.json's
+    ``ms``: a run whose other cells lost in their model's served step).
 
     Each file is one `tune measure` run: its cells were timed against cuBLAS in that run,
     and its decode phase ranked each M inside the whole step, so whole token counts can be
@@ -258,13 +261,15 @@ def merge_results(paths: list[Path]) -> list[tuple[dict, dict]]:
     """
     cells: dict = {}
     arch = None
-    for path in paths:
+    for item in paths:
+        path, ms = item if isinstance(item, tuple) else (item, None)
         data = json.loads(Path(path).read_text())
         if arch not in (None, data["arch"]):
             raise ValueError(f"{path}: results for {data['arch']}, the others are for {arch}")
         arch = data["arch"]
         for row in data["cells"]:
-            cells[(row["n"], row["k"], row["m"])] = (data, row)
+            if ms is None or row["m"] in ms:
+                cells[(row["n"], row["k"], row["m"])] = (data, row)
     return [cells[key] for key in sorted(cells)]
 
 
@@ -370,7 +375,8 @@ def add_arguments(p) -> None:
 
 
 def _write_inputs(results: list[Path], runs: Path | None) -> list[Path]:
-    """`tune write`'s results files: those named, or a runs.json's list (files beside it, in its order)."""
+    """`tune write`'s results files: those named, or a runs.json's list (files beside it, in its order; a run
+    with ``ms`` contributes only its cells of those token counts)."""
     if runs is None:
         if not results:
             raise ValueError("write needs results files or --runs RUNS_JSON")
@@ -378,7 +384,9 @@ def _write_inputs(results: list[Path], runs: Path | None) -> list[Path]:
     if results:
         raise ValueError("write takes results files or --runs, not both")
     try:
-        return [runs.parent / run["file"] for run in json.loads(runs.read_text())["runs"]]
+        listed = json.loads(runs.read_text())["runs"]
+        return [(runs.parent / run["file"], set(run["ms"])) if "ms" in run else runs.parent / run["file"]
+                for run in listed]
     except (KeyError, TypeError) as exc:
         raise ValueError(f"{runs}: not a runs list ({{'runs': [{{'file': ...}}, ...]}}): {exc!r}") from None
 

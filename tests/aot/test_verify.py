@@ -6,6 +6,8 @@ import shutil
 import subprocess
 import sys
 
+from helpers.artifacts import contradicting_cluster
+
 from skinny_gemm.aot import verify
 from skinny_gemm.aot.build import PACKAGE_ROOT
 
@@ -87,11 +89,11 @@ def test_launch_shape_contradicting_config_is_caught(build_copy):
     man_path = build_copy / "sm_90a" / "manifest.json"
     man = json.loads(man_path.read_text())
     variant = man["variants"][0]
-    variant["grid"]["cluster"] = 2
+    variant["grid"]["cluster"] = contradicting_cluster(variant)
     man_path.write_text(json.dumps(man))
     (problem,) = _problems(build_copy)
     assert problem.startswith(str(build_copy / "sm_90a" / variant["file"]))
-    assert "cluster 2" in problem and "contradicts its config" in problem
+    assert f"cluster {variant['grid']['cluster']}" in problem and "contradicts its config" in problem
 
 
 def test_orphan_file_is_caught(build_copy):

@@ -131,6 +131,11 @@ def rehash(arch_dir: Path, variant: dict) -> None:
     (arch_dir / MANIFEST_NAME).write_text(json.dumps(data))
 
 
+def contradicting_cluster(variant: dict) -> int:
+    """A cluster size the variant's config does not reduce across (its ``split`` is the only valid one)."""
+    return 2 if variant["config"].get("split", 1) == 1 else 1
+
+
 def _edit(arch_dir: Path, change) -> None:
     data = json.loads((arch_dir / MANIFEST_NAME).read_text())
     change(data)
@@ -158,7 +163,7 @@ VARIANT_DAMAGE = {
     "block a number": (lambda d, v: _edit(d, _variant_edit("block", 128)), "field 'block' is"),
     "huge size": (lambda d, v: _edit(d, _variant_edit("size", 10**30)), "field 'size' is"),
     "config a list": (lambda d, v: _edit(d, _variant_edit("config", [1, 2])), "field 'config' is"),
-    "cluster contradicts": (lambda d, v: _edit(d, lambda m: m["variants"][0]["grid"].update(cluster=2)),
+    "cluster contradicts": (lambda d, v: _edit(d, lambda m: m["variants"][0]["grid"].update(cluster=contradicting_cluster(m["variants"][0]))),
                             "contradicts its config"),
 }
 # Manifest damage: name -> (what it does to <arch>/, a phrase the refusal holds). Each refuses that manifest

@@ -18,6 +18,7 @@ import pytest
 from helpers.artifacts import (
     all_plans,
     bind_all,
+    contradicting_cluster,
     first_variant,
     manifest_of,
     plans_of,
@@ -175,10 +176,10 @@ def test_persistent_config_caps_the_grid(fresh, art):
 def test_manifest_cluster_contradicting_config_refused(fresh, art):
     data = manifest_of(art)
     v = data["variants"][0]
-    v["grid"]["cluster"] = 2
+    v["grid"]["cluster"] = contradicting_cluster(v)
     write_manifest(art, data)
     msg = refusal(fresh)
-    assert v["file"] in msg and "cluster 2" in msg and "contradicts its config" in msg
+    assert v["file"] in msg and f"cluster {v['grid']['cluster']}" in msg and "contradicts its config" in msg
     assert set(loader.DEVICES[0].table) == all_plans(art) - plans_of(art, v["id"])
 
 

@@ -40,17 +40,21 @@ def add_catalogue(arch_dir, count: int) -> set:
     data = json.loads((arch_dir / MANIFEST_NAME).read_text())
     template = data["variants"][0]
     taken = {v["id"] for v in data["variants"]}
+    planned = {(p["n"], p["k"], p["m"]) for p in data["plans"]}
+    # synthetic N values, stepping past any the real plan already has (a plan may appear once)
+    free_n = (n for n in range(4096 * 4 + 256, 1 << 30, 256) if all((n, 4096, m) not in planned for m in range(1, 17)))
     added = set()
     for i, cfg in enumerate(c for c in synthetic_configs(count + len(taken)) if c.name not in taken):
         if i == count:
             break
+        n = next(free_n)
         rec = {**template, "id": cfg.name, "config": cfg.to_json(), "symbol": cfg.symbol, "file": f"{cfg.name}.cubin",
                "block": [cfg.threads, 1, 1], "pdl": cfg.pdl,
                "grid": {**template["grid"], "cols_per_cta": cfg.cols_per_cta, "cluster": 1, "persist": 0}}
         (arch_dir / rec["file"]).write_bytes(b"\0" * rec["size"])
         data["variants"].append(rec)
-        data["plans"].append({"n": 4096 * 4 + 256 * (i + 1), "k": 4096, "m": cfg.m, "variant": cfg.name})
-        added.add((4096 * 4 + 256 * (i + 1), 4096, cfg.m))
+        data["plans"].append({"n": n, "k": 4096, "m": cfg.m, "variant": cfg.name})
+        added.add((n, 4096, cfg.m))
     (arch_dir / MANIFEST_NAME).write_text(json.dumps(data))
     return added
 
