@@ -344,14 +344,22 @@ def served_markdown(rows: list, about: dict) -> list[str]:
     return lines
 
 
-def plot_decode(data: dict, path: Path) -> bool:
-    """Share speedups of the served step per (TP, M), with the bare chain as a labelled second panel."""
+def _pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, or None where matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot_decode(data: dict, path: Path) -> bool:
+    """Share speedups of the served step per (TP, M), with the bare chain as a labelled second panel."""
+    plt = _pyplot()
+    if plt is None:
         return False
     rows = data.get("served", [])
     if not rows:
@@ -380,12 +388,8 @@ def plot_decode(data: dict, path: Path) -> bool:
 
 def plot(data: dict, path: Path) -> bool:
     """Speedup per plan entry as a bar chart; False if matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return False
     rows = data.get("entries", [])
     if not rows:
