@@ -70,6 +70,38 @@ def test_catalogue_entries_build_and_verify_for_sm90a(catalogue, tree_copy, tmp_
     assert any("sha256 mismatch" in p for p in problems)
 
 
+def test_a_catalogue_build_loads_in_bounded_work(catalogue, tree_copy, tmp_path, fresh, monkeypatch):
+    """Every heuristic entry built (real cubins) and loaded by the runtime (driver faked): the load reads the
+    manifest alone and loads nothing into the driver; a first call loads and binds its own variant only."""
+    from skinny_gemm.runtime import artifacts, loader, manifest
+
+    _, entries, _ = catalogue
+    plan = tree_copy / "catalogue-sm_90a.json"
+    plan.write_text(plans.catalogue_table("sm_90a", entries, "all models"))
+    build.build("sm_90a", tmp_path / "out", plan_file=plan, cache_dir=tmp_path / "cache", jobs=2, progress=False)
+    monkeypatch.setenv(loader.ENV_ARTIFACTS, str(tmp_path / "out"))
+    reads = []
+    real = artifacts.read_bounded
+
+    def spy(path, cap):
+        reads.append(str(path))
+        return real(path, cap)
+
+    monkeypatch.setattr(artifacts, "read_bounded", spy)
+    monkeypatch.setattr(manifest, "read_bounded", spy)
+    fake = fresh()
+    assert fake.warnings == [], [str(w.message) for w in fake.warnings]
+    assert reads == [str(tmp_path / "out" / "sm_90a" / "manifest.json")], "the load reads the manifest alone"
+    assert fake.count("cuLibraryLoadData") == 0
+    table = loader.DEVICES[0].bind()
+    assert len(table) == len(entries)
+    key = (entries[0].n, entries[0].k, entries[0].m)
+    reads.clear()
+    assert table.get(key) is not None
+    assert reads == [str(tmp_path / "out" / "sm_90a" / f"{table.variant_of(key)}.cubin")]
+    assert fake.count("cuLibraryLoadData") == 1 and fake.count("cuKernelGetFunction") == 1
+
+
 def test_the_wheel_ships_only_measured_sm90a_entries():
     _, entries = plans.load(plans.plan_path("sm_90a"))
     assert entries and all(e.provenance["kind"] == "measured" for e in entries)
