@@ -211,9 +211,8 @@ def seed_shapes(arch: str, shapes_file: Path) -> list[tuple[int, int, int]]:
     tps = seed["tp"] if isinstance(seed["tp"], list) else [seed["tp"]]
     shapes = {tuple(data["linears"][name]["tp"][str(tp)]) for name in seed["linears"] for tp in tps}
     cells = {(n, k, m) for n, k in shapes for m in seed["planned_M"]}
-    if arch == "sm_121":
-        # The SM121 pull request keeps (4096, 8192) at M=1 on cuBLAS (1.01x).
-        cells.discard((4096, 8192, 1))
+    # cells a measurement left on cuBLAS (the model file says which and why)
+    cells -= {tuple(cell) for cell in seed.get("cuBLAS_cells", ())}
     return sorted(cells)
 
 
