@@ -392,8 +392,9 @@ def _shape_rules(c: KernelConfig, n: int | None, k: int | None) -> None:
             raise ConfigError(f"rule 'static k': K={k} differs from the baked-in static_k={c.static_k}")
     if n is not None and n < 1:
         raise ConfigError(f"rule 'n positive': N={n} must be at least 1")
-    if n is not None and k is not None and n * k >= 2**31:
-        # The kernels index the weight with 32-bit element offsets.
-        raise ConfigError(f"rule 'int32 offsets': N*K={n * k} elements must stay below 2^31")
+    if n is not None and k is not None and max(n * k, c.m * k, c.m * n) >= 2**31:
+        # The kernels index the weight (N*K), the tokens (M*K) and the output (M*N) with 32-bit element offsets.
+        raise ConfigError(f"rule 'int32 offsets': N*K={n * k}, M*K={c.m * k} and M*N={c.m * n} elements must "
+                          "stay below 2^31")
     if n is not None and not c.tail and n % c.cols_per_cta:
         raise ConfigError(f"rule 'n divisible': N={n} is not a multiple of columns per CTA={c.cols_per_cta}")

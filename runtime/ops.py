@@ -11,6 +11,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from torch.autograd import forward_ad as _fwad
 
 from . import loader
 
@@ -40,6 +41,8 @@ def plan(x, weight, residual=None, bias=None) -> loader.Launch | None:
         return _plan(x, weight, residual, bias)
     except (RuntimeError, NotImplementedError):  # sparse, nested, mkldnn...: F.linear knows what to do
         return None
+    except Warning:  # a refusal warned under -W error: the variant is already refused, the call falls back
+        return None
 
 
 def _plan(x, weight, residual, bias):
@@ -51,8 +54,8 @@ def _plan(x, weight, residual, bias):
         return None
     if bias is not None and (residual is not None or type(bias) not in _PLAIN):
         return None
-    if residual is not None and type(residual) not in _PLAIN:
-        return None
+    if _fwad._current_level >= 0:
+        return None  # inside a forward-AD level a dual tensor's tangent must go through F.linear
     if torch.is_grad_enabled() and (
         x.requires_grad
         or weight.requires_grad
@@ -67,7 +70,9 @@ def _plan(x, weight, residual, bias):
     if weight.get_device() != idx or not x.is_contiguous() or not weight.is_contiguous():
         return None
     # A negative-bit view shares its base's memory but means the negated values.
-    if (x.data_ptr() | weight.data_ptr()) & 15 or x.is_neg() or weight.is_neg():
+    px, pw = x.data_ptr(), weight.data_ptr()
+    # 0: a ZeroTensor (no storage; F.linear knows it is zeros), never an address to hand a kernel
+    if not px or not pw or (px | pw) & 15 or x.is_neg() or weight.is_neg():
         return None
     if residual is not None and (
         type(residual) not in _PLAIN
@@ -121,16 +126,20 @@ def run(x, weight, residual=None, bias=None):
         with torch.cuda.device(idx):
             err = loader.launch_raw(*args)
     if int(err) != 0:
-        _launch_failed(idx, rec, err)
+        try:
+            _launch_failed(idx, rec, err)
+        except Warning:  # -W error turned the one warning into an exception: still fall back
+            pass
         return fallback(x, weight, bias, residual)
     return out
 
 
 def _launch_failed(idx: int, rec: loader.Launch, err) -> None:
     """Drop a record the driver would not launch (warn once per variant and device); the caller falls back."""
-    table = loader.DEVICES[idx].table
-    for key in [key for key, r in table.bound.items() if r is rec]:
-        del table[key]
+    dev = loader.DEVICES[idx]
+    with dev.lock:  # another thread's first call may be adding records to this table
+        for key in [key for key, r in list(dev.table.bound.items()) if r is rec]:
+            del dev.table[key]
     if (idx, rec.variant.id) not in _failed:
         _failed.add((idx, rec.variant.id))
         warnings.warn(
@@ -158,6 +167,8 @@ def may_dispatch(x, weight, residual=None, bias=None) -> bool:
         or (residual is not None and residual.requires_grad)
         or (bias is not None and bias.requires_grad)
     ):
+        return False
+    if _fwad._current_level >= 0:
         return False
     return x.device.type == "cuda" and x.dtype == _BF16 and weight.dtype == _BF16 and weight.dim() == 2 and x.dim() > 0
 

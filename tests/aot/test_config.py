@@ -243,6 +243,18 @@ def test_tail_shape_rules_name_the_rule():
     assert (tail.grid(4096), tail.grid(4097)) == (1024, 1025)
 
 
+
+def test_int32_offsets_cover_tokens_and_output_at_m16():
+    """At M=16 the tokens (M*K) and the output (M*N) pass 2^31 before the weight (N*K) does."""
+    cfg = KernelConfig(m=16, kind="simt", threads=32, k_threads=1, cols=1, vec=2, unroll=1, pdl=False,
+                       prefetch=False, tail=True)
+    cfg.check(n=8, k=1 << 26)  # N*K, M*K, M*N all below 2^31
+    with pytest.raises(ConfigError, match=r"rule 'int32 offsets'.*M\*K=2147483648"):
+        cfg.check(n=1, k=1 << 27)  # N*K 2^27 fits, M*K = 2^31 does not
+    with pytest.raises(ConfigError, match=r"rule 'int32 offsets'.*M\*N=2147483648"):
+        cfg.check(n=1 << 27, k=8)
+
+
 def test_bias_and_tail_change_nothing_when_off():
     """Configs written before the fields existed keep their names (and so their cubins' symbols)."""
     cfg = KernelConfig(m=2, kind="mma", threads=256, k_threads=256, cols=8, unroll=1, stages=4, prefetch=False)

@@ -202,7 +202,8 @@ def test_eager_dispatch_launches_with_the_right_arguments(fake_dispatch):
 
 @pytest.mark.parametrize(
     "case",
-    ["misaligned x", "misaligned w", "strided x", "neg x", "fp16", "unplanned m", "residual shape", "residual misaligned"],
+    ["misaligned x", "misaligned w", "strided x", "neg x", "fp16", "unplanned m", "residual shape", "residual misaligned",
+     "zero-tensor x", "zero-tensor w", "forward AD"],
 )
 def test_eager_dispatch_falls_back(fake_dispatch, case):
     fake, fallbacks, (n, k, m) = fake_dispatch
@@ -223,7 +224,20 @@ def test_eager_dispatch_falls_back(fake_dispatch, case):
         r = FakeCuda((n,), 0x3000)
     elif case == "residual misaligned":
         r = FakeCuda((m, n), 0x3004)
+    elif case == "zero-tensor x":
+        x.ptr = 0  # a ZeroTensor has no storage: data_ptr() 0, aligned, contiguous
+    elif case == "zero-tensor w":
+        w.ptr = 0
+    elif case == "forward AD":
+        from torch.autograd import forward_ad
+
+        with forward_ad.dual_level():  # a dual tensor's tangent needs F.linear
+            assert ops.run(x, w, r) == "fallback" and len(fallbacks) == 1 and fake.launches == []
+        return
     assert ops.run(x, w, r) == "fallback" and len(fallbacks) == 1 and fake.launches == []
+    # the control: the same call with nothing wrong launches
+    ok = ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000), None)
+    assert ok != "fallback" and len(fake.launches) == 1
 
 
 def test_failed_launch_warns_once_and_falls_back(fake_dispatch, monkeypatch):
@@ -234,6 +248,19 @@ def test_failed_launch_warns_once_and_falls_back(fake_dispatch, monkeypatch):
         assert ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000)) == "fallback"
     assert (n, k, m) not in loader.DEVICES[0].table
     assert ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000)) == "fallback"
+
+
+def test_failed_launch_under_warnings_as_errors_still_falls_back(fake_dispatch, monkeypatch):
+    """python -W error: the one warning becomes an exception; the call must still return F.linear's result."""
+    import warnings
+
+    fake, fallbacks, (n, k, m) = fake_dispatch
+    monkeypatch.setattr(ops, "_failed", set())
+    fake.cuLaunchKernelEx = lambda *a: (fake.CUresult.CUDA_ERROR_INVALID_HANDLE,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000)) == "fallback"
+    assert len(fallbacks) == 1 and (n, k, m) not in loader.DEVICES[0].table
 
 
 @pytest.fixture(scope="module")
