@@ -75,8 +75,7 @@ def _plan(x, weight, residual, bias):
     if not px or not pw or (px | pw) & 15 or x.is_neg() or weight.is_neg():
         return None
     if residual is not None and (
-        type(residual) not in _PLAIN
-        or residual.dtype is not _BF16
+        residual.dtype is not _BF16
         or residual.get_device() != idx
         or residual.shape != x.shape[:-1] + (n,)
         or not residual.is_contiguous()
