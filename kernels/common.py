@@ -7,8 +7,6 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_ptr
 from cutlass.cute.typing import AddressSpace
 
-from .config import WARM_CTAS
-
 
 class Launcher:
     """The host side every kernel class shares: the config, its check, and the launch.
@@ -92,32 +90,6 @@ def wait_previous_grid(cfg):
 
 
 @cute.jit
-def warm_next(cfg, nxt, tidx, bidx):
-    """``warm``: the grid's last WARM_CTAS CTAs each prefetch their share of the next weight's first
-    cfg.warm MiB into L2 (``nxt``, the 4th pointer; 0 = none). Called after the CTA's last weight load:
-    the requests are in flight while this grid drains and the op between runs, and the next projection's
-    first CTAs find their rows in L2. A prefetch writes nothing, so the result never depends on it.
-    """
-    if cutlass.const_expr(cfg.warm > 0):
-        if tidx == 0:
-            if nxt.toint() != 0:
-                nct, _, _ = cute.arch.grid_dim()
-                first = cutlass.max(nct - WARM_CTAS, 0)
-                if bidx >= first:
-                    total = cfg.warm << 20
-                    # 16-byte multiples: the bulk prefetch's size and address grain
-                    chunk = (total // (nct - first) + 15) // 16 * 16
-                    start = (bidx - first) * chunk
-                    size = cutlass.min(chunk, total - start)
-                    if size > 0:
-                        base = nxt + cute.assume(start // 2, divby=8)
-                        cute.arch.inline_ptx(
-                            "cp.async.bulk.prefetch.L2.global [{$r0}], {$r1};",
-                            read_only_args=[base.toint(), size],
-                        )
-
-
-@cute.jit
 def store_output(cfg, out, residual, has_res, value, m, col, n):
     """Write out[m, col]; the residual (cfg.bias: the bias, 4th pointer) is added in fp32 before the single bf16 rounding.
 
@@ -133,15 +105,6 @@ def store_output(cfg, out, residual, has_res, value, m, col, n):
 @cute.jit
 def _store(cfg, out, residual, has_res, value, m, col, n):
     v = value
-    if cutlass.const_expr(cfg.warm == 0):
-        v = _add_extra(cfg, residual, has_res, v, m, col, n)
-    cute.make_tensor(out + (m * n + col), cute.make_layout(1))[0] = v.to(cutlass.BFloat16)
-
-
-@cute.jit
-def _add_extra(cfg, residual, has_res, value, m, col, n):
-    """value + the residual's or the bias's element (a warm variant's 4th pointer is the next weight: never added)."""
-    v = value
     if has_res:
         # a bias is one value per column, shared by every token
         if cutlass.const_expr(cfg.bias):
@@ -149,7 +112,7 @@ def _add_extra(cfg, residual, has_res, value, m, col, n):
         else:
             at = m * n + col
         v = v + cute.make_tensor(residual + at, cute.make_layout(1))[0].to(cutlass.Float32)
-    return v
+    cute.make_tensor(out + (m * n + col), cute.make_layout(1))[0] = v.to(cutlass.BFloat16)
 
 
 def compile_options(arch: str, dump_dir: str) -> str:

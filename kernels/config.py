@@ -49,16 +49,8 @@ MMA_A_ROWS = 16
 # A tail variant serves any K that is a multiple of this (16-byte rows: every vector load is
 # wholly inside K or wholly past it, so a load is either taken or replaced by zeros).
 TAIL_K_GRAIN = 8
-# MiB of the next weight's head a "warm" variant prefetches into L2 (0 = off). A served step's
-# boundary (our kernel's tail, the op between, the next launch) leaves HBM idle; the next weight's
-# first 4 MB copied into L2 there took 0.6 us per projection off the TP4 served step (DESIGN.md).
-WARM_SIZES = (0, 1, 2, 4, 8)
-# The grid's last CTAs (by index, so about the last to run) that share a warm prefetch: about one
-# wave of an H200 (132 SMs), so the requests are in flight as the grid drains, not early enough
-# for the grid's own stream to evict them from L2.
-WARM_CTAS = 128
 # Fields newer than the committed plan tables, and their defaults: to_json leaves them out when off.
-QUIET_FIELDS = {"bias": False, "tail": False, "warm": 0}
+QUIET_FIELDS = {"bias": False, "tail": False}
 
 
 class ConfigError(ValueError):
@@ -117,10 +109,6 @@ class KernelConfig:
     # others are zeros, never products of masked values) and the last CTA's columns past N are neither
     # read (their loads read row N-1) nor written
     tail: bool = False
-    # mma: MiB of the NEXT weight's head the grid's last WARM_CTAS CTAs prefetch into L2 after their K loop,
-    # so the next projection starts warm across the op between (0 = off); the 4th pointer is that weight
-    # (0 = no prefetch), so a warm variant takes no residual or bias (calls with one fall back)
-    warm: int = 0
 
     @property
     def groups(self) -> int:
@@ -207,7 +195,7 @@ class KernelConfig:
             f"{f'_s{self.stages}' if self.stages != 1 else ''}{'_e' if self.early else ''}"
             f"{f'_f{self.fetch}' if self.fetch != 256 else ''}{f'_x{self.split}' if self.split != 1 else ''}"
             f"{f'_p{self.persist}' if self.persist else ''}{f'_sl{self.slices}' if self.slices != 1 else ''}"
-            f"{'_b' if self.bias else ''}{'_t' if self.tail else ''}{f'_w{self.warm}' if self.warm else ''}"
+            f"{'_b' if self.bias else ''}{'_t' if self.tail else ''}"
         )
 
     @property
@@ -288,7 +276,6 @@ _FIELD_RULES = (
     ("persist", "persist", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = one CTA per row group)"),
     ("slices", "slices", lambda v: _is_int(v) and v in SLICES, f"one of {SLICES}"),
     ("static_k", "static k", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = K at run time)"),
-    ("warm", "warm", lambda v: _is_int(v) and v in WARM_SIZES, f"one of {WARM_SIZES} MiB"),
 )
 
 
@@ -336,11 +323,6 @@ def _option_rules(c: KernelConfig) -> None:
         )
     if c.bias and c.kind not in ("simt", "mma"):
         raise ConfigError(f"rule 'bias': bias is an epilogue of kinds 'simt' and 'mma' (kind={c.kind!r})")
-    if c.warm and (c.kind != "mma" or c.bias):
-        raise ConfigError(
-            f"rule 'warm': warm={c.warm} needs kind 'mma' without bias (kind={c.kind!r}, bias={c.bias}): "
-            "the 4th pointer is the next weight, so it cannot also be the bias"
-        )
     if c.threads % 32 or c.threads > 1024:
         raise ConfigError(f"rule 'whole warps': threads={c.threads} must be a multiple of 32, at most 1024")
     if c.k_threads & (c.k_threads - 1) or c.threads % c.k_threads:

@@ -58,7 +58,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from .common import Launcher, compile_kernel, prefetch_weight, store_output, wait_previous_grid, warm_next
+from .common import Launcher, compile_kernel, prefetch_weight, store_output, wait_previous_grid
 from .config import MMA_K_STEP, MMA_ROWS, TAIL_K_GRAIN, KernelConfig
 
 WARP = 32
@@ -209,7 +209,6 @@ class SkinnyMma(Launcher):
             self.mma_stage(wbuf, xbuf, acc, j, tokens)
         if cutlass.const_expr(cfg.tail):
             self.tail_steps(w_rows, tokens, acc, kk, krange, koff, wk, g, q)
-        warm_next(cfg, residual, tidx, bidx)  # warm: the 4th pointer is the next weight
 
         if cutlass.const_expr(S > 1):
             reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n)

@@ -102,12 +102,8 @@ def _plan(x, weight, residual, bias):
     rec = table.get((n, k, x.numel() // k))
     if rec is None:
         return None
-    cfg = rec.variant.config
-    if cfg.bias:
+    if rec.variant.config.bias:
         return None if residual is not None else rec
-    if cfg.warm:
-        # a warm variant's 4th pointer is the next weight: it adds no residual and no bias
-        return None if residual is not None or bias is not None else rec
     return None if bias is not None else rec
 
 
@@ -119,8 +115,7 @@ def run(x, weight, residual=None, bias=None):
     out = x.new_empty(x.shape[:-1] + (rec.n,))
     idx = x.get_device()
     stream = _raw_stream(idx) if _raw_stream is not None else torch.cuda.current_stream(idx).cuda_stream
-    # The 4th pointer: the bias on a bias variant, else the residual (0 = none); a warm variant
-    # (which plan() gives no residual or bias) gets 0 here: no prefetch.
+    # The 4th pointer: the bias on a bias variant, else the residual (0 = none).
     extra = bias if bias is not None else residual
     args = (rec, x.data_ptr(), weight.data_ptr(), out.data_ptr(), 0 if extra is None else extra.data_ptr(), stream)
     if _current_device() == idx:

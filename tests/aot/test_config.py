@@ -138,7 +138,6 @@ def _variants(cfg):
         "slices": 2,
         "bias": True,
         "tail": True,
-        "warm": 4,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes
@@ -207,9 +206,6 @@ def test_m_above_8_doubles_the_unsliced_reduction_buffers():
         # 16 tokens x 2 columns: 32 + 2 x 18 x 4 = 176 registers
         ({"m": 16, "threads": 256, "k_threads": 256, "cols": 2, "unroll": 2}, "register budget"),
         ({"m": 16, "threads": 256, "cols": 8, "slices": 2, **MMA}, "slices"),
-        ({"m": 1, "warm": 4}, "warm"),  # simt: only the mma kernel warms the next weight
-        ({"m": 1, "threads": 256, "cols": 8, "warm": 4, "bias": True, **MMA}, "warm"),
-        ({"m": 1, "threads": 256, "cols": 8, "warm": 3, **MMA}, "warm"),
     ],
 )
 def test_new_fields_name_their_rule(kwargs, rule):
