@@ -81,11 +81,15 @@ def served_steps(arch: str, model_file, ms) -> list[dict]:
 def model_steps(arch: str, slug: str, tps, ms) -> tuple[list[dict], str]:
     """cells.json's decode entries for a catalogue model at the asked ``tps`` its step states, and a note on what
     has none ("" if every TP has its step). The GEMMs are the model's BF16 linears (aot/steps.py)."""
+    import json
+
     from . import steps
 
-    model = steps.load(steps.model_path(slug))
+    path = steps.model_path(slug)
+    model = json.loads(path.read_text())
     if not steps.has_step(model):
         return [], f"no decode phase ({slug} has no served step)"
+    steps.validate(model, str(path))
     stated = [tp for tp in sorted(set(tps)) if tp in model["step"]["tp"]]
     missing = sorted(set(tps) - set(stated))
     note = f"no decode phase at TP {missing} ({slug}'s step is stated for TP {model['step']['tp']})" if missing else ""
