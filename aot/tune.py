@@ -402,7 +402,7 @@ def add_arguments(p) -> None:
                     "megabytes: the ops stay between the GEMMs, their time and noise shrink (default: the step's bytes)")
     me.add_argument("--confirm-trials", type=_at_least_zero, metavar="N",
                     help=f"replays per graph of the confirm step, which keeps an M's decode choices only if the "
-                    f"whole step beats every cell on its alone-fastest by {CONFIRM_MARGIN:.1%} (default "
+                    f"whole step beats every cell on its alone-fastest by {CONFIRM_MARGIN * 100:g}%% (default "
                     f"{CONFIRM_TRIALS} x --trials; 0 skips it and keeps the passes' choices)")
     mf = sub.add_parser("model-fit", help="refit the cost model on the committed H200 timings (CPU, numpy)")
     mf.add_argument("--out", type=Path, help="model JSON to write (default: the committed one next to the timings)")
