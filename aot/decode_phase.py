@@ -48,8 +48,8 @@ def twin(cfg: KernelConfig) -> KernelConfig:
 
 
 def no_pdl_twins(cands: list[KernelConfig], n: int, k: int) -> list[KernelConfig]:
-    """The valid no-PDL twins of ``cands`` that are not already among them, in order (the lead may wire this
-    into candidate generation; `tune prepare` adds them where the seed set has a served step)."""
+    """The valid no-PDL twins of ``cands`` that are not already among them, in order (`tune prepare` adds them
+    where the cells have a served step: a seed set's or a catalogue model's)."""
     have, out = set(cands), []
     for cfg in cands:
         t = twin(cfg)
@@ -80,7 +80,8 @@ def served_steps(arch: str, model_file, ms) -> list[dict]:
 
 def model_steps(arch: str, slug: str, tps, ms) -> tuple[list[dict], str]:
     """cells.json's decode entries for a catalogue model at the asked ``tps`` its step states, and a note on what
-    has none ("" if every TP has its step). The GEMMs are the model's BF16 linears (aot/steps.py)."""
+    has none ("" if every TP has its step). The GEMMs are the model's BF16 linears, as its catalogue cells are
+    (a seed set's other linears included: the catalogue tunes them too)."""
     import json
 
     from . import steps
@@ -93,14 +94,16 @@ def model_steps(arch: str, slug: str, tps, ms) -> tuple[list[dict], str]:
     stated = [tp for tp in sorted(set(tps)) if tp in model["step"]["tp"]]
     missing = sorted(set(tps) - set(stated))
     note = f"no decode phase at TP {missing} ({slug}'s step is stated for TP {model['step']['tp']})" if missing else ""
-    return [step_entry(model, arch, tp, ms) for tp in stated], note
+    gemms = steps.gemm_linears(model)
+    return [step_entry(model, arch, tp, ms, gemms=gemms) for tp in stated], note
 
 
-def step_entry(model: dict, arch: str, tp: int, ms, calls=None) -> dict:
-    """One TP's decode entry: its GEMM calls (``calls``, default the step's own) and the served step per M."""
+def step_entry(model: dict, arch: str, tp: int, ms, calls=None, gemms=None) -> dict:
+    """One TP's decode entry: its GEMM calls (``calls``, default the step's own) and the served step per M
+    (``gemms``: the linears run as GEMMs, default aot/steps.py's choice for ``arch``)."""
     from . import steps
 
-    built = {m: steps.build(model, tp, m, arch=arch) for m in ms}
+    built = {m: steps.build(model, tp, m, gemms, arch=arch) for m in ms}
     if calls is None:
         calls = [(n, k) for _, n, k in steps.gemm_calls(next(iter(built.values())))] if built else []
     return {"tp": tp, "calls": [list(c) for c in calls], "step": {str(m): steps.to_json(ops) for m, ops in built.items()}}

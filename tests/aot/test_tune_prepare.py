@@ -140,3 +140,13 @@ def test_a_tp_the_step_does_not_state_has_no_decode_entry(tmp_path):
     assert note == "no decode phase at TP [4] (hand.json's step is stated for TP [1, 2])".replace("hand.json", str(path))
     assert entries[1]["calls"] == [[48, 64], [48, 64], [250, 64]], "the down linear is FP8: a read, not a GEMM"
     assert decode_phase.model_steps("sm_90a", str(path), [2], [1])[1] == ""
+
+
+def test_a_catalogue_step_runs_the_models_bf16_linears_as_gemms():
+    """GLM as a catalogue model: its BF16 linears (the seed set's; the shared experts are FP8) are its step's GEMMs."""
+    from skinny_gemm.aot import models
+
+    (entry,), note = decode_phase.model_steps("sm_90a", "glm-5.3-flash", [4], [1])
+    (seed, _) = decode_phase.served_steps("sm_90a", GLM, [1])
+    assert note == "" and entry == seed
+    assert {tuple(c) for c in entry["calls"]} == set(models.shapes(models.load("glm-5.3-flash"), 4))
