@@ -221,3 +221,32 @@ def cell_rows(cells, top: int | None = None, per_family: int = 2, extend=None) -
             continue
         rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
     return rows, skipped
+
+
+def plan_configs(paths, arch: str) -> dict[tuple[int, int, int], list[KernelConfig]]:
+    """(n, k, m) -> the distinct configs plan tables (kernels/plans/*.json format) hold for it, in the tables' order."""
+    from .plans import load
+
+    found: dict = {}
+    for path in paths:
+        header, entries = load(path)
+        if header["arch"] != arch:
+            raise CandidateError(f"{path}: a plan table for {header['arch']}, not {arch}")
+        for entry in entries:
+            have = found.setdefault((entry.n, entry.k, entry.m), [])
+            if entry.config not in have:
+                have.append(entry.config)
+    return found
+
+
+def plan_rows(cells, by_cell: dict) -> tuple[list[dict], dict]:
+    """`tune prepare --from-plans`'s rows: per (n, k, m[, bias]) cell exactly the configs ``by_cell`` holds for it
+    (no cost-model cut, no twins); returns (rows, {(n, k, m): why} for cells no table holds)."""
+    rows, skipped = [], {}
+    for cell in cells:
+        key = tuple(cell[:3])
+        if key in by_cell:
+            rows.append({"n": key[0], "k": key[1], "m": key[2], "candidates": [c.to_json() for c in by_cell[key]]})
+        else:
+            skipped[key] = "no plan table given holds it"
+    return rows, skipped

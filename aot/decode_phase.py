@@ -4,11 +4,18 @@ The step is the model file's (aot/steps.py): the projections with the non-GEMM o
 vLLM step runs between them, one CUDA graph per TP, at the M being tuned. Why in the
 step: a same-shape chain flatters kernels that load weight before the PDL wait
 (docs/perf.md v4), and the bare chain of projections flatters them again, since no
-server runs one: in the served step a PDL launch after a kernel that does not trigger
-costs about 0.6 us and overlaps nothing (DESIGN.md, "The served step"). So PDL is a
-per-entry choice here: every candidate has a no-PDL twin (`no_pdl_twins`), both are
-timed where a GEMM (whose kernel may trigger) precedes the cell somewhere in the step,
-and only the twins where nothing before the cell ever triggers.
+server runs one. PDL is a per-entry choice: every candidate has a no-PDL twin
+(`no_pdl_twins`) and both compete in every cell. An earlier rule timed only the twins
+where no GEMM precedes the cell. On the H200 (2026-12-02, GLM served step, share over
+cuBLAS) its M=8/16 picks against the same plan with their PDL back on: TP4 M8 1.260 /
+1.262, M16 1.087 / 1.035, TP8 M8 1.487 / 1.486, M16 1.257 / 1.268, while alone the
+PDL-on configs were much faster on most cells (4096x2048 M16 1.25x against 1.05x); its
+M=1/2 re-tune had lost in the served step the day before.
+
+Step differences of 5-20 us in 5600 are inside the noise of one timing, so the passes'
+choices for an M are kept only if a repeated whole-step comparison against every cell
+on its alone-fastest candidate confirms them (`_confirm`); else that M goes back to the
+alone-fastest.
 
 A step entry of cells.json is ``{"tp", "calls": [[n, k], ...], "step": {"<m>": ops}}``;
 without "step" (fake steps in the tests, older candidate dirs) the calls run back to back.
@@ -29,6 +36,10 @@ DECODE_PASSES = 2
 # A family swap must make the steps this much faster: its first H200 run (M=2) swapped three
 # cells for 0.3 us in 1810, inside the noise, where the effect it exists for was 50 us in 750.
 FAMILY_MARGIN = 0.01
+# The confirm step: the passes' choices for an M must beat the alone-fastest set by this share of the
+# step (summed over TPs), timed interleaved with CONFIRM_TRIALS times the phase's trials.
+CONFIRM_MARGIN = 0.005
+CONFIRM_TRIALS = 3
 
 
 def twin(cfg: KernelConfig) -> KernelConfig:
@@ -37,8 +48,8 @@ def twin(cfg: KernelConfig) -> KernelConfig:
 
 
 def no_pdl_twins(cands: list[KernelConfig], n: int, k: int) -> list[KernelConfig]:
-    """The valid no-PDL twins of ``cands`` that are not already among them, in order (the lead may wire this
-    into candidate generation; `tune prepare` adds them where the seed set has a served step)."""
+    """The valid no-PDL twins of ``cands`` that are not already among them, in order (`tune prepare` adds them
+    where the cells have a served step: a seed set's or a catalogue model's)."""
     have, out = set(cands), []
     for cfg in cands:
         t = twin(cfg)
@@ -58,36 +69,49 @@ def served_steps(arch: str, model_file, ms) -> list[dict]:
     import json
     from pathlib import Path
 
-    from . import plans, steps
+    from . import plans
 
     calls = plans.decode_steps(arch, Path(model_file))
     if not calls:
         return []
     model = json.loads(Path(model_file).read_text())
-    return [
-        {"tp": tp, "calls": [list(c) for c in tp_calls],
-         "step": {str(m): steps.to_json(steps.build(model, tp, m, arch=arch)) for m in ms}}
-        for tp, tp_calls in sorted(calls.items())
-    ]
+    return [step_entry(model, arch, tp, ms, tp_calls) for tp, tp_calls in sorted(calls.items())]
 
 
-def preceded_by_gemm(step: dict, m: int) -> set[tuple[int, int]]:
-    """The (n, k) with at least one call right after another GEMM in the served step at ``m`` (all, bare)."""
-    ops = step.get("step", {}).get(str(m))
-    if ops is None:
-        return {tuple(c) for c in step["calls"]}
-    found, prev_gemm = set(), False
-    for op in ops:
-        is_gemm = isinstance(op, list)
-        if is_gemm and prev_gemm:
-            found.add((op[1], op[2]))
-        prev_gemm = is_gemm
-    return found
+def model_steps(arch: str, slug: str, tps, ms) -> tuple[list[dict], str]:
+    """cells.json's decode entries for a catalogue model at the asked ``tps`` its step states, and a note on what
+    has none ("" if every TP has its step). The GEMMs are the model's BF16 linears, as its catalogue cells are
+    (a seed set's other linears included: the catalogue tunes them too)."""
+    import json
+
+    from . import steps
+
+    path = steps.model_path(slug)
+    model = json.loads(path.read_text())
+    if not steps.has_step(model):
+        return [], f"no decode phase ({slug} has no served step)"
+    steps.validate(model, str(path))
+    stated = [tp for tp in sorted(set(tps)) if tp in model["step"]["tp"]]
+    missing = sorted(set(tps) - set(stated))
+    note = f"no decode phase at TP {missing} ({slug}'s step is stated for TP {model['step']['tp']})" if missing else ""
+    gemms = steps.gemm_linears(model)
+    return [step_entry(model, arch, tp, ms, gemms=gemms) for tp in stated], note
 
 
-def entry_choices(row: dict, top: int, pdl_useful: bool) -> list[str]:
+def step_entry(model: dict, arch: str, tp: int, ms, calls=None, gemms=None) -> dict:
+    """One TP's decode entry: its GEMM calls (``calls``, default the step's own) and the served step per M
+    (``gemms``: the linears run as GEMMs, default aot/steps.py's choice for ``arch``)."""
+    from . import steps
+
+    built = {m: steps.build(model, tp, m, gemms, arch=arch) for m in ms}
+    if calls is None:
+        calls = [(n, k) for _, n, k in steps.gemm_calls(next(iter(built.values())))] if built else []
+    return {"tp": tp, "calls": [list(c) for c in calls], "step": {str(m): steps.to_json(ops) for m, ops in built.items()}}
+
+
+def entry_choices(row: dict, top: int) -> list[str]:
     """The candidates a cell is timed with in the step: its ``top`` fastest isolated winners and their no-PDL
-    twins (both winners); only the no-PDL ones where nothing before the cell triggers, if it has any."""
+    twins (where those are winners too), PDL on and off alike."""
     from .tune import isolated_winners
 
     winners = isolated_winners(row)
@@ -105,19 +129,17 @@ def entry_choices(row: dict, top: int, pdl_useful: bool) -> list[str]:
         if b not in bases:
             bases.append(b)
     chosen = set(bases[:top])
-    names = [name for name in winners if base(name) in chosen]
-    if not pdl_useful:
-        off = [name for name in names if configs[name].get("pdl") is False]
-        names = off or names
-    return names
+    return [name for name in winners if base(name) in chosen]
 
 
 def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, progress: bool, passes: int = 1,
-                 read_cap: int | None = None) -> None:
+                 read_cap: int | None = None, confirm_trials: int | None = None) -> None:
     """Re-rank each cell's candidates (`entry_choices`) inside whole served steps; adds row["decode"] in place.
 
     A later pass re-times every cell with all the others on their previous-pass choice
     (the first pass sees the cells after it still on their isolated pick); the last pass decides.
+    Then the family check, then per M the confirm step (``confirm_trials`` replays per graph,
+    default CONFIRM_TRIALS x ``trials``; 0 skips it and keeps the passes' choices).
     ``read_cap`` shortens the step's read stand-ins (measure.step_data); None keeps the served step's bytes.
     """
     import torch
@@ -125,11 +147,13 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
 
     from .tune import isolated_winners
 
+    if confirm_trials is None:
+        confirm_trials = CONFIRM_TRIALS * trials
     cells = {(r["n"], r["k"], r["m"]): r for r in rows}
-    choice = {key: (isolated_winners(r) or [None])[0] for key, r in cells.items()}
+    alone = {key: (isolated_winners(r) or [None])[0] for key, r in cells.items()}
+    choice = dict(alone)
     work: dict = {}  # m -> [(n, k, names)], the biggest share of the steps first
     for m in sorted({key[2] for key in cells}):
-        after_gemm = set().union(*(preceded_by_gemm(step, m) for step in steps)) if steps else set()
         # A shape's share of the steps (calls x its cuBLAS time, a proxy for bytes) sets the order:
         # the big terms settle first.
         share: dict = {}
@@ -139,14 +163,7 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
                 if row is not None:
                     share[(n, k)] = share.get((n, k), 0.0) + row["cublas_us"]
         for n, k in sorted(share, key=lambda s: -share[s]):
-            row = cells[(n, k, m)]
-            names = entry_choices(row, top, (n, k) in after_gemm)
-            if names and choice[(n, k, m)] not in names:
-                # No kernel before this cell in the step triggers: its no-PDL twin stands in from the start.
-                choice[(n, k, m)] = names[0]
-                if len(names) == 1:
-                    row["decode"] = {"chosen": names[0], "step_us": {},
-                                     "note": "no kernel before it in the served step triggers: PDL off"}
+            names = entry_choices(cells[(n, k, m)], top)
             if len(names) > 1:
                 work.setdefault(m, []).append((n, k, names))
     bar = tqdm(total=passes * sum(len(v) for v in work.values()), desc="decode", unit="cell", disable=not progress)
@@ -163,10 +180,38 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
             }
             bar.update(1)
         _family_check(lib, bufs, m, group, cells, choice, trials)
+        if confirm_trials:
+            _confirm(lib, bufs, m, [(n, k, m) for n, k, _ in group], cells, choice, alone, confirm_trials)
         del bufs
         if getattr(device, "type", "cuda") == "cuda":
             torch.cuda.empty_cache()
     bar.close()
+
+
+def _confirm(lib, bufs: dict, m: int, keys: list, cells: dict, choice: dict, alone: dict, trials: int) -> None:
+    """Keep the passes' choices at ``m`` only if the whole step (summed over its TPs) is CONFIRM_MARGIN faster with
+    them than with every cell on its alone-fastest candidate; else every cell of ``m`` goes back to that one.
+
+    Both sets are timed interleaved, ``trials`` replays each: one timing of a step that the passes
+    saw 5-20 us apart in 5600 cannot tell them apart (H200, 2026-12-02).
+    """
+    at_m = {key: pick for key, pick in choice.items() if key[2] == m}
+    alone_m = {key: pick for key, pick in alone.items() if key[2] == m}
+    if at_m == alone_m:
+        record = {"kept": True, "step_us": {}, "note": "the decode choices are the alone-fastest"}
+    else:
+        tps = sorted(bufs)
+        per = _time_steps(lib, bufs, m, {"decode": dict(choice), "alone": {**choice, **alone_m}}, tps, trials)
+        kept = sum(per["decode"].values()) < (1 - CONFIRM_MARGIN) * sum(per["alone"].values())
+        record = {"kept": kept, "step_us": {lb: {str(tp): us for tp, us in v.items()} for lb, v in per.items()}}
+        if not kept:
+            choice.update(alone_m)
+    for key in keys:
+        decode = cells[key]["decode"]
+        decode["confirm"] = record
+        if not record["kept"]:
+            decode["passes_chosen"] = decode["chosen"]
+            decode["chosen"] = alone_m[key]
 
 
 def _step_data(step: dict, m: int, device, read_cap: int | None = None):

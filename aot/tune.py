@@ -4,20 +4,20 @@
   skinny-gemm tune measure DIR --results results.json                             (GPU, no compiler)
   skinny-gemm tune write results.json                                             (CPU, writes kernels/plans/<arch>.json)
 
-`prepare` generates candidate configs per (n, k, m) cell and compiles them with
-the normal build (one manifest, no plans); where the model file has a served
-step (its "step" key) for the arch's seed set, every candidate also gets its
-no-PDL twin, and the served step of each TP at each M goes into cells.json.
-`measure` checks every candidate against a float64 reference and times it
-against cuBLAS with the cold-L2 graph method (aot/measure.py), each cell in a
-chain of its own shape; then it re-ranks each cell's fastest winners inside
-the served step (aot/decode_phase.py: one CUDA graph of the whole step per TP,
-the ops between the projections included, the other cells on their current
-choice, passes in order of each shape's share of the step, then each kernel
-family swapped out whole; PDL is one of the choices per entry). `write`
-keeps, per cell, the decode-step choice or else the fastest correct
-candidate, if it beats cuBLAS by at least 5%, with measured provenance.
-Cells that do not win stay on cuBLAS.
+`prepare` generates candidate configs per (n, k, m) cell (or takes them from plan tables,
+`--from-plans`) and compiles them with the normal build (one manifest, no plans); where the
+model file (seed set) or the one catalogue model has a served step (its "step" key), every
+candidate also gets its no-PDL twin, and the served step of each TP at each M goes into
+cells.json (`--no-decode`: none). `measure` checks every candidate against a float64
+reference and times it against cuBLAS with the cold-L2 graph method (aot/measure.py), each
+cell in a chain of its own shape; then it re-ranks each cell's fastest winners inside the
+served step (aot/decode_phase.py: one CUDA graph of the whole step per TP, the ops between
+the projections included, the other cells on their current choice, passes in order of each
+shape's share of the step, then each kernel family swapped out whole; PDL on and off compete
+in every entry), and keeps an M's step choices only if a repeated whole-step comparison
+against every cell on its alone-fastest candidate confirms them. `write` keeps, per cell, the
+decode-step choice or else the fastest correct candidate, if it beats cuBLAS by at least 5%,
+with measured provenance. Cells that do not win stay on cuBLAS.
 
 Why the second phase: a same-shape chain flatters kernels that load weight
 before the PDL wait. Short kernels then cascade (each launches the next at
@@ -38,13 +38,16 @@ from pathlib import Path
 from ..kernels.config import MAX_M, KernelConfig
 from ..runtime.manifest import dumps
 from . import candidates as _candidates
-from .candidates import cell_rows, max_candidates, resident_ctas, spaces
+from .candidates import cell_rows, max_candidates, plan_configs, plan_rows, resident_ctas, spaces
 from .decode_phase import (  # noqa: F401 (decode_phase, family and the constants are re-exported)
+    CONFIRM_MARGIN,
+    CONFIRM_TRIALS,
     DECODE_PASSES,
     DECODE_TOP,
     FAMILY_MARGIN,
     decode_phase,
     family,
+    model_steps,
     no_pdl_twins,
     served_steps,
 )
@@ -106,36 +109,61 @@ def _catalogue_cells(model: str | None, tps: list[int] | None, every: bool, ms: 
     return [(c.n, c.k, c.m, c.bias) for c in found]
 
 
+def _catalogue_steps(arch: str, model: str | None, tps: list[int] | None, every: bool, cells: list) -> tuple[list, str]:
+    """The decode entries of one catalogue model's served step (every asked TP it states), and a note on what has none."""
+    from . import plans
+
+    if every:
+        return [], "no decode phase (--all: tune one --model at a time in its served step)"
+    asked = sorted({tp for _, tp in plans.model_tps(model, tps, every)})
+    return model_steps(arch, model, asked, sorted({c[2] for c in cells}))
+
+
 def prepare(arch: str, shapes_file: Path | None, out: Path, jobs: int | None = None, ms: list[int] | None = None,
             model: str | None = None, tps: list[int] | None = None, every: bool = False, top: int | None = None,
-            per_family: int = 2, twins: bool = True) -> str:
+            per_family: int = 2, twins: bool = True, from_plans: list[Path] | None = None,
+            decode: bool = True) -> str:
     """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary.
 
     The cells are an arch's seed set (``shapes_file``: a model file; a vLLM CUDA-graph size the kernels
     run, `WIDE_MS`, may be asked for beyond the seed set's own token counts) or catalogue models' BF16
     (n, k, m, bias) cells (``model``/``tps`` or ``every``; M 1, 2, 4, 8, 16 by default). ``ms`` keeps only
     the cells of those token counts (the decode phase ranks each M on its own); ``top`` cuts each cell's
-    candidates with the cost model. Where the model file has a served step, PDL is a per-entry choice
-    of the decode phase: each candidate kept also gets its no-PDL twin (``twins``). Catalogue cells get
-    no decode phase here.
+    candidates with the cost model. The decode phase runs in the served step of the model file (seed
+    set) or of the one catalogue model (every asked TP its step states); there each candidate kept
+    also gets its no-PDL twin (``twins``). ``from_plans``: each cell's candidates are exactly the
+    distinct configs those plan tables hold for it (no cut, no twins; a cell none holds is skipped).
+    ``decode=False`` writes no decode steps: `tune measure` then times the cells alone.
     """
     from .build import build_configs, main_summary
 
+    if from_plans and top:
+        raise ValueError("--from-plans times the plans' configs as they are: --top does not apply")
+    notes = []
     if model or every:
-        cells, decode = _catalogue_cells(model, tps, every, ms), []
+        cells = _catalogue_cells(model, tps, every, ms)
+        steps, note = _catalogue_steps(arch, model, tps, every, cells) if decode else ([], "")
+        notes.append(note)
     elif shapes_file:
-        cells, decode = _seed_cells(arch, shapes_file, ms)
+        cells, steps = _seed_cells(arch, shapes_file, ms)
+        if decode and not steps:
+            notes.append(f"no decode phase ({Path(shapes_file).name} has no served step for the {arch} set)")
     else:
         raise ValueError("prepare needs --shapes FILE, --model SLUG or --all")
-    rows, skipped = cell_rows(cells, top, per_family, extend=_with_twins if decode and twins else None)
+    if not decode:
+        steps = []
+        notes.append("no decode phase (--no-decode): the cells are timed alone")
+    if from_plans:
+        rows, skipped = plan_rows(cells, plan_configs(from_plans, arch))
+    else:
+        rows, skipped = cell_rows(cells, top, per_family, extend=_with_twins if steps and twins else None)
     configs = {KernelConfig.from_json(c) for r in rows for c in r["candidates"]}
     out.mkdir(parents=True, exist_ok=True)
-    (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows, "decode": decode}))
+    (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows, "decode": steps}))
     result = build_configs(arch, configs, [], out / arch, out / CELLS_FILE, jobs=jobs)
     timings = sum(len(r["candidates"]) + 1 for r in rows)  # + cuBLAS per cell
-    note = "" if decode or model or every else f"; no decode phase ({Path(shapes_file).name} has no served step for the {arch} set)"
     lines = [f"{len(rows)} cells, {timings} timings with cuBLAS (about {timings / TIMINGS_PER_S / 60:.1f} min of "
-             f"H200 time before any decode phase); " + main_summary(result) + note]
+             f"H200 time before any decode phase); " + main_summary(result) + "".join(f"; {n}" for n in notes if n)]
     lines += [f"  no candidates ({n}, {k}) m={m}: {why}" for (n, k, m), why in sorted(skipped.items())]
     return "\n".join(lines)
 
@@ -148,6 +176,7 @@ def measure(
     decode_top: int = DECODE_TOP,
     decode_passes: int = DECODE_PASSES,
     read_cap_mb: int | None = None,
+    confirm_trials: int | None = None,
 ) -> dict:
     """On the GPU: check and time every candidate of every cell against cuBLAS; write and return the results."""
     import torch
@@ -195,7 +224,7 @@ def measure(
     in_step = decode_top > 1 and bool(spec.get("decode"))
     if in_step:
         decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress, decode_passes,
-                     None if read_cap_mb is None else read_cap_mb << 20)
+                     None if read_cap_mb is None else read_cap_mb << 20, confirm_trials)
     data = {
         "arch": arch,
         "gpu": gpu,
@@ -205,14 +234,19 @@ def measure(
         "cells": out_rows,
     }
     if in_step:
+        confirms = CONFIRM_TRIALS * trials if confirm_trials is None else confirm_trials
         data["decode_method"] = (
             f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) and their no-PDL twins "
-            "(only the twins where no GEMM precedes the cell in the step) timed inside one CUDA graph of the "
+            "(PDL on and off compete in every cell) timed inside one CUDA graph of the "
             "whole served decode step per TP (the model file's step: projections with the ops between them; "
             "other cells on their current choice), interleaved, median of "
             f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen; "
             f"{decode_passes} pass(es) over the cells, the last decides; then each kernel family holding two or "
             "more cells is swapped out whole for their best other candidates, kept if the steps get 1% faster"
+            + (f"; then per M the whole steps with these choices against every cell on its alone-fastest "
+               f"candidate, interleaved, median of {confirms} trials: the choices are kept only if their sum over "
+               f"the TPs is {CONFIRM_MARGIN:.1%} lower, else that M goes back to the alone-fastest"
+               if confirms else "; no confirm step")
             + (f"; the step's read stand-ins capped at {read_cap_mb} MB each" if read_cap_mb is not None else "")
         )
     results.write_text(dumps(data))
@@ -291,7 +325,8 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
         if not winners:
             skipped += 1
             continue
-        chosen = row.get("decode", {}).get("chosen")
+        decode = row.get("decode", {})
+        chosen = decode.get("chosen")
         name = chosen if chosen in winners else winners[0]
         best = row["candidates"][name]
         us = best["us"]
@@ -306,7 +341,7 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
             "speedup": round(speedup, 3),
             "method": data["method"],
         }
-        if name == chosen:
+        if name == chosen and decode.get("confirm", {}).get("kept", True):
             prov["chosen_in"] = "decode step"
         entries.append(PlanEntry(row["n"], row["k"], row["m"], cfg, prov))
     runs = sorted({(d["gpu"], d["date"]) for d, _ in merged})
@@ -334,7 +369,14 @@ def add_arguments(p) -> None:
     pr.add_argument("--no-pdl-twins", dest="twins", action="store_false",
                     help="do not add each candidate's no-PDL twin (added by default where the model file has a "
                     "served step: PDL is then a per-entry choice of the decode phase)")
-    pr.add_argument("--model", help="instead: a catalogue slug (kernels/models/<slug>.json), its BF16 cells")
+    pr.add_argument("--from-plans", type=Path, nargs="+", metavar="PLAN",
+                    help="each cell's candidates are exactly the distinct configs these plan tables "
+                    "(kernels/plans/*.json format) hold for its (n, k, m): no cost-model cut, no twins; a cell "
+                    "none holds is skipped")
+    pr.add_argument("--no-decode", dest="decode", action="store_false",
+                    help="write no decode steps: `tune measure` only times (and checks) each cell alone")
+    pr.add_argument("--model", help="instead: a catalogue slug (kernels/models/<slug>.json), its BF16 cells; "
+                    "its served step (if it has one) at every asked TP the step states gives the decode phase")
     pr.add_argument("--all", action="store_true", help="instead: every catalogue model at every TP it lists")
     pr.add_argument("--tp", type=int, nargs="+", help="with --model/--all: only these TP sizes")
     pr.add_argument("--top", type=int, metavar="N",
@@ -358,6 +400,10 @@ def add_arguments(p) -> None:
     me.add_argument("--decode-read-cap", type=_at_least_one, metavar="MB",
                     help="cap each read stand-in of the served step (attention, KDA, MoE, FP8 weights) at MB "
                     "megabytes: the ops stay between the GEMMs, their time and noise shrink (default: the step's bytes)")
+    me.add_argument("--confirm-trials", type=_at_least_zero, metavar="N",
+                    help=f"replays per graph of the confirm step, which keeps an M's decode choices only if the "
+                    f"whole step beats every cell on its alone-fastest by {CONFIRM_MARGIN * 100:g}%% (default "
+                    f"{CONFIRM_TRIALS} x --trials; 0 skips it and keeps the passes' choices)")
     mf = sub.add_parser("model-fit", help="refit the cost model on the committed H200 timings (CPU, numpy)")
     mf.add_argument("--out", type=Path, help="model JSON to write (default: the committed one next to the timings)")
     mc = sub.add_parser("model-check", help="how well the cost model predicts held-out timings (held out by shape)")
@@ -391,6 +437,14 @@ def _write_inputs(results: list[Path], runs: Path | None) -> list[Path]:
         raise ValueError(f"{runs}: not a runs list ({{'runs': [{{'file': ...}}, ...]}}): {exc!r}") from None
 
 
+def _at_least_zero(text: str) -> int:
+    """argparse type: an int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 0")
+    return value
+
+
 def _at_least_one(text: str) -> int:
     """argparse type: an int >= 1."""
     value = int(text)
@@ -404,7 +458,7 @@ def main(args) -> int:
     try:
         if args.phase == "prepare":
             print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m, args.model, args.tp, args.all,
-                          args.top, args.per_family, args.twins))
+                          args.top, args.per_family, args.twins, args.from_plans, args.decode))
         elif args.phase in ("model-fit", "model-check"):
             from . import costmodel
 
@@ -414,7 +468,8 @@ def main(args) -> int:
                 print(costmodel.main(args.phase, args.json, args.by))
         elif args.phase == "measure":
             data = measure(args.dir, args.results, args.trials, decode_top=args.decode_top,
-                           decode_passes=args.decode_passes, read_cap_mb=args.decode_read_cap)
+                           decode_passes=args.decode_passes, read_cap_mb=args.decode_read_cap,
+                           confirm_trials=args.confirm_trials)
             print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")
         else:
             path, planned, skipped = write_plan(_write_inputs(args.results, args.runs), args.min_speedup)

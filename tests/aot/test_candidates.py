@@ -107,10 +107,12 @@ def test_tune_prepare_model_writes_the_cut_cells_and_builds_them(tmp_path, capsy
     argv = ["tune", "prepare", "--model", "llama-3.1-8b", "--tp", "8", "--m", "1", "--top", "2", "--per-family", "0",
             "--out", str(out), "--jobs", "2"]
     assert cli.main(argv) == 0
-    assert capsys.readouterr().out.startswith("5 cells, 15 timings with cuBLAS")
+    # The model's served step at TP 8 gives the decode phase: the 2 cut candidates and their no-PDL twins.
+    assert capsys.readouterr().out.startswith("5 cells, 25 timings with cuBLAS")
     spec = json.loads((out / "cells.json").read_text())
     assert {(r["n"], r["k"]) for r in spec["cells"]} == set(models.shapes(models.load("llama-3.1-8b"), 8))
-    assert all(len(r["candidates"]) == 2 and r["m"] == 1 for r in spec["cells"]) and spec["decode"] == []
+    assert all(len(r["candidates"]) == 4 and r["m"] == 1 for r in spec["cells"])
+    assert [d["tp"] for d in spec["decode"]] == [8] and set(spec["decode"][0]["step"]) == {"1"}
     man = parse(out / "sm_90a" / "manifest.json", expected_arch="sm_90a")
     assert set(man.variants) == {KernelConfig.from_json(c).name for r in spec["cells"] for c in r["candidates"]}
     assert cli.main(["tune", "prepare", "--model", "llama-3.1-70b", "--tp", "1", "--out", str(out)]) == 2

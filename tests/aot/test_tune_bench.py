@@ -402,13 +402,10 @@ def test_served_steps_hold_the_ops_between_the_gemms():
             return [op["bytes"] for op in entry["step"][m] if isinstance(op, dict) and op["op"] == "moe"]
 
         assert moe("4")[-1] == 4 * moe("1")[-1], "4 tokens read 4 x 8 of the 128 experts"
-        # kda_f_b_proj follows kda_in_proj directly: the one place a GEMM precedes a GEMM in a KDA layer.
-        assert {(2048 if entry["tp"] == 4 else 1024, 128)} <= decode_phase.preceded_by_gemm(entry, 1)
-        assert (6416 if entry["tp"] == 4 else 3336, 4096) not in decode_phase.preceded_by_gemm(entry, 1)
 
 
-def test_decode_phase_offers_pdl_only_where_a_gemm_precedes(monkeypatch):
-    """In the served step a cell after a non-GEMM op is timed with no-PDL twins only; one after a GEMM with both."""
+def test_decode_phase_times_pdl_on_and_off_in_every_cell(monkeypatch):
+    """After a norm as after a GEMM, a cell's PDL-on candidates and their no-PDL twins all compete in the step."""
     import torch
 
     from skinny_gemm.aot import decode_phase
@@ -422,9 +419,10 @@ def test_decode_phase_offers_pdl_only_where_a_gemm_precedes(monkeypatch):
         return {c.name: {"config": c.to_json(), "bad_elements": 0, "us": us}
                 for c, us in ((fast_on, 4.0), (on, 5.0), (fast_off, 6.0), (off, 7.0))}
 
-    # PDL costs in the step unless the kernel before triggers; the cost function only sees names.
-    cost = {fast_on.name: 3.0, on.name: 3.5, fast_off.name: 2.0, off.name: 2.5}
-    lib = fake_step(monkeypatch, lambda names: sum(cost[n] for n in names))
+    # Step cost by launch position: after the norm PDL-on is the faster, after the GEMM its no-PDL twin.
+    first = {fast_on.name: 2.0, on.name: 3.5, fast_off.name: 3.0, off.name: 2.5}
+    second = {fast_on.name: 3.0, on.name: 3.5, fast_off.name: 1.0, off.name: 2.5}
+    lib = fake_step(monkeypatch, lambda names: first[names[0]] + second[names[1]])
     rows = [{"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": cands()},
             {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": cands()}]
     step = {"tp": 4, "calls": [[64, 32], [32, 64]],
@@ -432,9 +430,9 @@ def test_decode_phase_offers_pdl_only_where_a_gemm_precedes(monkeypatch):
                            {"op": "moe", "size": 0, "bytes": 4096}]}}
     decode_phase.decode_phase(lib, rows, [step], torch.device("cpu"), top=12, trials=1, progress=False)
     after_op, after_gemm = rows[0]["decode"], rows[1]["decode"]
-    assert set(after_op["step_us"]) == {fast_off.name, off.name}, "after a norm: no PDL candidate is timed"
-    assert set(after_gemm["step_us"]) == {fast_on.name, on.name, fast_off.name, off.name}
-    assert after_op["chosen"] == fast_off.name and after_gemm["chosen"] == fast_off.name
+    every = {fast_on.name, on.name, fast_off.name, off.name}
+    assert set(after_op["step_us"]) == every and set(after_gemm["step_us"]) == every
+    assert after_op["chosen"] == fast_on.name and after_gemm["chosen"] == fast_off.name
     assert lib.launched, "our kernels ran inside the served step's graph"
 
 

@@ -1,0 +1,120 @@
+"""The decode phase's confirm step on the CPU: an M's step choices stay only if the whole step confirms them."""
+
+import json
+
+import pytest
+from helpers.fake_step import STEPS, cand, fake_step
+
+from skinny_gemm.aot import decode_phase, plans, tune
+from skinny_gemm.aot import measure as ms
+
+
+def _rows(m):
+    """Two cells at ``m``: "a"/"x" alone-fastest, "b"/"y" the runners-up (their step costs are each test's)."""
+    return [
+        {"n": 64, "k": 32, "m": m, "cublas_us": 10.0, "candidates": {f"a{m}": cand(5.0), f"b{m}": cand(6.0)}},
+        {"n": 32, "k": 64, "m": m, "cublas_us": 10.0, "candidates": {f"x{m}": cand(5.0), f"y{m}": cand(6.0)}},
+    ]
+
+
+@pytest.fixture
+def timed(monkeypatch):
+    """A fake step whose cost is the sum of the launched variants' costs; records each timing's trials."""
+    cost = {}
+    lib = fake_step(monkeypatch, lambda names: sum(cost[n] for n in names))
+    calls = []
+    inner = ms.time_graphs
+
+    def record(graphs, per, trials):
+        calls.append((len(graphs), trials))
+        return inner(graphs, per, trials)
+
+    monkeypatch.setattr(ms, "time_graphs", record)
+    return cost, calls, lib
+
+
+def _run(lib, rows, **kw):
+    import torch
+
+    decode_phase.decode_phase(lib, rows, STEPS, torch.device("cpu"), top=12, trials=2, progress=False, **kw)
+
+
+def test_a_clear_step_win_is_kept(timed):
+    cost, calls, lib = timed
+    # In the step b and y are 10% faster than the alone-fastest a and x.
+    cost.update({"a1": 100.0, "b1": 90.0, "x1": 100.0, "y1": 90.0})
+    rows = _rows(1)
+    _run(lib, rows)
+    assert [r["decode"]["chosen"] for r in rows] == ["b1", "y1"]
+    confirm = rows[0]["decode"]["confirm"]
+    assert confirm is rows[1]["decode"]["confirm"], "one comparison per M, recorded on each of its cells"
+    # TP4 runs (64, 32) twice and (32, 64) once, TP8 (32, 64) once.
+    assert confirm == {"kept": True, "step_us": {"decode": {"4": 270.0, "8": 90.0}, "alone": {"4": 300.0, "8": 100.0}}}
+    assert calls[-1] == (4, decode_phase.CONFIRM_TRIALS * 2), "both sets at both TPs, 3x the phase's trials"
+
+
+def test_a_win_within_the_margin_goes_back_to_the_alone_fastest(timed, tmp_path):
+    cost, _, lib = timed
+    # The passes see b and y faster, but the whole step by 0.1% only: inside CONFIRM_MARGIN.
+    cost.update({"a1": 100.0, "b1": 99.9, "x1": 100.0, "y1": 99.9})
+    rows = _rows(1)
+    _run(lib, rows)
+    decode = rows[0]["decode"]
+    assert decode["confirm"]["kept"] is False
+    assert [r["decode"]["chosen"] for r in rows] == ["a1", "x1"], "every cell of that M back on its alone-fastest"
+    assert [r["decode"]["passes_chosen"] for r in rows] == ["b1", "y1"]
+    # tune write takes decode.chosen, and says it was not a decode-step pick (the (32, 64) row, given valid configs).
+    x_cfg, y_cfg = tune.candidates(32, 64, 1)[:2]
+    row = {**rows[1], "candidates": {"x1": {**cand(5.0), "config": x_cfg.to_json()},
+                                     "y1": {**cand(6.0), "config": y_cfg.to_json()}}}
+    src = tmp_path / "results.json"
+    for decode, config, chosen_in in ((rows[1]["decode"], x_cfg, None),
+                                      ({**rows[1]["decode"], "chosen": "y1", "confirm": {"kept": True}}, y_cfg,
+                                       "decode step")):
+        src.write_text(json.dumps({"arch": "sm_90a", "gpu": "test GPU", "date": "2026-12-02", "method": "synthetic",
+                                   "cells": [{**row, "decode": decode}]}))
+        tune.write_plan(src, out=tmp_path / "plan.json")
+        _, (entry,) = plans.load(tmp_path / "plan.json")
+        assert entry.config == config and entry.provenance.get("chosen_in") == chosen_in
+
+
+def test_each_m_is_confirmed_on_its_own(timed):
+    cost, _, lib = timed
+    cost.update({"a1": 100.0, "b1": 90.0, "x1": 100.0, "y1": 90.0,
+                 "a2": 100.0, "b2": 99.9, "x2": 100.0, "y2": 99.9})
+    rows = _rows(1) + _rows(2)
+    _run(lib, rows)
+    assert [r["decode"]["chosen"] for r in rows] == ["b1", "y1", "a2", "x2"]
+    assert [r["decode"]["confirm"]["kept"] for r in rows] == [True, True, False, False]
+
+
+def test_no_confirm_step_keeps_the_passes_choices(timed):
+    cost, calls, lib = timed
+    cost.update({"a1": 100.0, "b1": 99.9, "x1": 100.0, "y1": 99.9})
+    rows = _rows(1)
+    _run(lib, rows, confirm_trials=0)
+    assert [r["decode"]["chosen"] for r in rows] == ["b1", "y1"]
+    assert not any("confirm" in r["decode"] for r in rows)
+    assert all(trials == 2 for _, trials in calls)
+
+
+def test_choices_equal_to_the_alone_fastest_need_no_timing(timed):
+    cost, calls, lib = timed
+    cost.update({"a1": 90.0, "b1": 100.0, "x1": 90.0, "y1": 100.0})
+    rows = _rows(1)
+    _run(lib, rows)
+    assert [r["decode"]["chosen"] for r in rows] == ["a1", "x1"]
+    assert rows[0]["decode"]["confirm"] == {"kept": True, "step_us": {},
+                                            "note": "the decode choices are the alone-fastest"}
+    assert all(trials == 2 for _, trials in calls), "no confirm timing"
+
+
+def test_measure_cli_takes_confirm_trials(capsys, tmp_path):
+    from skinny_gemm.aot import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["tune", "measure", str(tmp_path), "--results", str(tmp_path / "r.json"), "--confirm-trials", "-1"])
+    assert "--confirm-trials: -1 is not >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["tune", "measure", "--help"])
+    assert "alone-fastest by 0.5% (default 3 x --trials" in " ".join(capsys.readouterr().out.split())

@@ -1,0 +1,152 @@
+"""`tune prepare` on the CPU: candidates from plan tables, no decode steps, a catalogue model's served step."""
+
+import dataclasses
+import json
+
+import pytest
+
+from skinny_gemm.aot import build, cli, decode_phase, plans, steps, tune
+
+GLM = steps.MODELS_DIR / "glm-5.3-flash.json"
+
+
+@pytest.fixture
+def compiled(monkeypatch):
+    """No compiler: record the configs prepare would build."""
+    found = {}
+
+    def fake_build(arch, configs, mapping, out_dir, plan_file, jobs=None):
+        found["configs"] = set(configs)
+
+    monkeypatch.setattr(build, "build_configs", fake_build)
+    monkeypatch.setattr(build, "main_summary", lambda result: "built")
+    return found
+
+
+def _spec(out):
+    return json.loads((out / tune.CELLS_FILE).read_text())
+
+
+def _flip_pdl(cfg):
+    """Another valid config of the same cell: PDL flipped (``early`` and ``persist`` need PDL)."""
+    return dataclasses.replace(cfg, pdl=not cfg.pdl, early=False, persist=0)
+
+
+def _plans(tmp_path):
+    """Two plan tables over GLM's M=8 cells: A holds all but one shape, B A's configs with PDL flipped and a copy of one."""
+    header, entries = plans.load(plans.plan_path("sm_90a"))
+    at8 = [e for e in entries if e.m == 8]
+    assert len(at8) >= 3, "the committed plan has M=8 entries"
+    left_out = (at8[0].n, at8[0].k)
+    a = [e for e in at8 if (e.n, e.k) != left_out]
+    b = [dataclasses.replace(e, config=_flip_pdl(e.config)) for e in a[1:]] + [a[0]]
+    paths = []
+    for name, rows in (("a.json", a), ("b.json", b)):
+        path = tmp_path / name
+        path.write_text(plans.render(header, rows))
+        paths.append(path)
+    return paths, a, b, left_out
+
+
+def test_from_plans_takes_exactly_the_plans_configs(compiled, tmp_path):
+    (pa, pb), a, b, left_out = _plans(tmp_path)
+    line = tune.prepare("sm_90a", GLM, tmp_path / "out", ms=[8], from_plans=[pa, pb], decode=False)
+    spec = _spec(tmp_path / "out")
+    assert spec["decode"] == [] and "no decode phase (--no-decode)" in line
+    want = {}
+    for e in a + b:
+        have = want.setdefault((e.n, e.k, e.m), [])
+        if e.config.to_json() not in have:
+            have.append(e.config.to_json())
+    got = {(r["n"], r["k"], r["m"]): r["candidates"] for r in spec["cells"]}
+    assert got == want, "per cell the plans' distinct configs, in their order: no cut, no twins"
+    assert len(got[(a[0].n, a[0].k, 8)]) == 1, "a config both tables hold is one candidate"
+    assert all(len(v) == 2 for key, v in got.items() if key != (a[0].n, a[0].k, 8))
+    assert compiled["configs"] == {e.config for e in a + b}
+    assert f"no candidates {left_out} m=8: no plan table given holds it" in line
+    assert (*left_out, 8) not in got
+
+
+def test_from_plans_on_the_cli_with_the_served_step(compiled, tmp_path, capsys):
+    """Without --no-decode the served step is kept, and the plans' configs still get no twins."""
+    (pa, pb), a, b, _ = _plans(tmp_path)
+    out = tmp_path / "out"
+    assert cli.main(["tune", "prepare", "--arch", "sm_90a", "--shapes", str(GLM), "--m", "8",
+                     "--from-plans", str(pa), str(pb), "--out", str(out)]) == 0
+    spec = _spec(out)
+    assert [d["tp"] for d in spec["decode"]] == [4, 8] and set(spec["decode"][0]["step"]) == {"8"}
+    assert sum(len(r["candidates"]) for r in spec["cells"]) == len({(e.n, e.k, e.config) for e in a + b})
+
+
+def test_from_plans_refuses_a_cut_and_another_archs_table(compiled, tmp_path, capsys):
+    (pa, _), *_ = _plans(tmp_path)
+    args = ["tune", "prepare", "--shapes", str(GLM), "--m", "8", "--out", str(tmp_path / "o")]
+    assert cli.main([*args, "--from-plans", str(pa), "--top", "4"]) == 2
+    assert "--top does not apply" in capsys.readouterr().err
+    assert cli.main([*args, "--from-plans", str(plans.plan_path("sm_121"))]) == 2
+    err = capsys.readouterr().err
+    assert "a plan table for sm_121, not sm_90a" in err and err.count("\n") == 1
+
+
+def test_no_decode_writes_no_steps_and_no_twins(compiled, tmp_path):
+    line = tune.prepare("sm_90a", GLM, tmp_path, ms=[2], decode=False)
+    spec = _spec(tmp_path)
+    assert spec["decode"] == [] and "no decode phase (--no-decode): the cells are timed alone" in line
+    row = next(r for r in spec["cells"] if (r["n"], r["k"]) == (4096, 4096))
+    assert row["candidates"] == [c.to_json() for c in tune.candidates(4096, 4096, 2)]
+    # Control: the same request with the decode phase has its steps and twins.
+    tune.prepare("sm_90a", GLM, tmp_path / "with", ms=[2])
+    with_step = _spec(tmp_path / "with")
+    assert with_step["decode"] and len(with_step["cells"][0]["candidates"]) > len(spec["cells"][0]["candidates"])
+
+
+def test_a_catalogue_model_gets_its_served_step_at_every_asked_tp(compiled, tmp_path):
+    line = tune.prepare("sm_90a", None, tmp_path, ms=[1, 8], model="llama-3.1-8b", tps=[1, 8])
+    spec = _spec(tmp_path)
+    assert "no decode phase" not in line
+    assert [d["tp"] for d in spec["decode"]] == [1, 8]
+    model = steps.load(steps.model_path("llama-3.1-8b"))
+    cell_shapes = {(r["n"], r["k"]) for r in spec["cells"]}
+    for entry in spec["decode"]:
+        assert set(entry["step"]) == {"1", "8"}
+        built = steps.build(model, entry["tp"], 8)
+        assert entry["step"]["8"] == steps.to_json(built)
+        assert entry["calls"] == [[n, k] for _, n, k in steps.gemm_calls(built)]
+        assert {tuple(c) for c in entry["calls"]} <= cell_shapes, "every GEMM of a dense BF16 step is a cell"
+        assert len(entry["calls"]) == 32 * 4 + 1
+    row = next(r for r in spec["cells"] if (r["n"], r["k"], r["m"]) == (4096, 4096, 1))
+    base = tune.candidates(4096, 4096, 1)
+    cands = [tune.KernelConfig.from_json(c) for c in row["candidates"]]
+    assert cands == base + tune.no_pdl_twins(base, 4096, 4096), "twins as for the seed set"
+
+
+def test_a_catalogue_model_without_a_step_keeps_no_decode_phase(compiled, tmp_path):
+    line = tune.prepare("sm_90a", None, tmp_path, ms=[1], model="qwen3-30b-a3b", tps=[2])
+    spec = _spec(tmp_path)
+    assert spec["decode"] == [] and "no decode phase (qwen3-30b-a3b has no served step)" in line
+    row = spec["cells"][0]
+    assert len(row["candidates"]) == len(tune.candidates(row["n"], row["k"], 1)), "no twins without a step"
+    line = tune.prepare("sm_90a", None, tmp_path / "all", ms=[1], every=True, tps=[8], top=2)
+    assert _spec(tmp_path / "all")["decode"] == [] and "no decode phase (--all" in line
+
+
+def test_a_tp_the_step_does_not_state_has_no_decode_entry(tmp_path):
+    from helpers.fake_step import HAND_MODEL
+
+    path = tmp_path / "hand.json"
+    path.write_text(json.dumps(HAND_MODEL))
+    entries, note = decode_phase.model_steps("sm_90a", str(path), [1, 2, 4], [1, 2])
+    assert [e["tp"] for e in entries] == [1, 2]
+    assert note == "no decode phase at TP [4] (hand.json's step is stated for TP [1, 2])".replace("hand.json", str(path))
+    assert entries[1]["calls"] == [[48, 64], [48, 64], [250, 64]], "the down linear is FP8: a read, not a GEMM"
+    assert decode_phase.model_steps("sm_90a", str(path), [2], [1])[1] == ""
+
+
+def test_a_catalogue_step_runs_the_models_bf16_linears_as_gemms():
+    """GLM as a catalogue model: its BF16 linears (the seed set's; the shared experts are FP8) are its step's GEMMs."""
+    from skinny_gemm.aot import models
+
+    (entry,), note = decode_phase.model_steps("sm_90a", "glm-5.3-flash", [4], [1])
+    (seed, _) = decode_phase.served_steps("sm_90a", GLM, [1])
+    assert note == "" and entry == seed
+    assert {tuple(c) for c in entry["calls"]} == set(models.shapes(models.load("glm-5.3-flash"), 4))
