@@ -211,7 +211,7 @@ class DeviceTable:
             file = self.library.manifest.files.get(vid)
             if file is None or file in self.refused:
                 return None
-            capturing = drv.capturing()
+            capturing = drv.capturing(self.ordinal)  # the stream this device's launch goes to
             try:
                 with drv.relaxed_capture():
                     kernel = load_kernel(self.library, vid, problems, defer=capturing)
