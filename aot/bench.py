@@ -27,12 +27,32 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .report import geomean, markdown, plot, plot_decode
+from .served import bench_served, build_served, load_peer, steps_build
+
+# The bench's API: its sections, its CLI, and the served-step and report helpers it runs (aot/served.py, aot/report.py).
+__all__ = [
+    "add_arguments",
+    "bench_entries",
+    "bench_jit",
+    "bench_served",
+    "bench_startup",
+    "build_served",
+    "geomean",
+    "load_peer",
+    "main",
+    "markdown",
+    "peer_build",
+    "plot",
+    "plot_decode",
+    "steps_build",
+]
 
 SECTIONS = ("entries", "decode", "startup")
 DECODE_MS = (1, 2, 4, 8, 16)
@@ -91,106 +111,6 @@ def bench_entries(trials: int, progress: bool) -> list[dict]:
     return rows
 
 
-def build_served(model_file, ms, arch: str = "sm_90a") -> tuple[dict, list]:
-    """The model file (validated) and its built steps [(tp, m, ops)]: everything is checked before any GPU work."""
-    from . import steps
-
-    model = steps.load(model_file)
-    return model, [(tp, m, steps.build(model, tp, m, arch=arch)) for tp in model["step"]["tp"] for m in ms]
-
-
-def steps_build(model: dict, tp: int, m: int, arch: str = "sm_90a") -> list:
-    """One built step (aot/steps.py), the GEMMs being the arch's seed linears or the model's BF16 ones."""
-    from . import steps
-
-    return steps.build(model, tp, m, arch=arch)
-
-
-def bench_served(model: dict, built: list, trials: int, progress: bool, peer_lib=None, device=None) -> list[dict]:
-    """Per (TP, M): the served step, the ops alone and the bare chain as CUDA graphs, cuBLAS vs ours (vs the peer)."""
-    import torch
-    from tqdm import tqdm
-
-    import skinny_gemm
-
-    from ..runtime import ops as rt_ops
-    from . import measure as ms
-
-    device = device or torch.device("cuda", torch.cuda.current_device())
-    rows = []
-    bar = tqdm(total=len(built), desc="served", unit="step", disable=not progress)
-    for tp, m, ops in built:
-        gemm_ops = [op for op in ops if op.is_gemm]
-        planned = sum(1 for op in gemm_ops if m in skinny_gemm.planned_ms(op.n, op.k))
-        data = ms.step_data(ops, m, device)
-        for i, op in enumerate(ops):
-            x, w, _ = data.gemms.get(i, (None, None, None))
-            if op.is_gemm and m in skinny_gemm.planned_ms(op.n, op.k) and rt_ops.plan(x, w) is None:
-                # A silent fallback would be published as kernel time.
-                raise SystemExit(f"bench: ({op.n}, {op.k}, {m}) is planned but would not dispatch; see `skinny-gemm env`")
-        providers = {"cublas": lambda x, w, out, n, k: torch.mm(x, w.T, out=out)}
-        if planned:
-            providers["ours"] = lambda x, w, out, n, k: skinny_gemm.linear(x, w)
-        if peer_lib is not None:
-            for label, pdl in (("peer", False), ("peer_pdl", True)):
-                providers[label] = _peer_gemm(peer_lib, m, pdl)
-        graphs = {"ops": ms.capture(ms.step_calls(data, None))}
-        for name, fn in providers.items():
-            graphs[f"{name}+step"] = ms.capture(ms.step_calls(data, fn))
-            graphs[f"{name}+bare"] = ms.capture(ms.step_calls(data, fn, with_ops=False))
-        t = ms.time_graphs(graphs, {g: 1 for g in graphs}, trials=trials)
-        rows.append(served_row(model, tp, m, ops, planned, t, peer_lib))
-        del graphs, data
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        bar.update(1)
-    bar.close()
-    return rows
-
-
-def _peer_gemm(peer_lib, m: int, pdl: bool):
-    """A GEMM callable that runs the peer's variant for the cell, cuBLAS where it has none."""
-    import torch
-
-    def gemm(x, w, out, n, k):
-        vid = peer_lib.variant_for(n, k, m, pdl)
-        if vid is None:
-            torch.mm(x, w.T, out=out)
-        else:
-            peer_lib.launch(vid, x.data_ptr(), w.data_ptr(), out.data_ptr(), n, k)
-
-    return gemm
-
-
-def served_row(model: dict, tp: int, m: int, ops: list, planned: int, t: dict, peer_lib=None) -> dict:
-    """One (TP, M) result: times, the projections' share (step - ops) and the speedups over cuBLAS."""
-    gemm_ops = [op for op in ops if op.is_gemm]
-    providers = sorted({key.split("+")[0] for key in t if "+" in key})
-    share = {p: t[f"{p}+step"] - t["ops"] for p in providers}
-    row = {
-        "model": model.get("name", "?"),
-        "tp": tp,
-        "m": m,
-        "gemms": len(gemm_ops),
-        "planned_gemms": planned,
-        "ops": len(ops) - len(gemm_ops),
-        "weight_gb": sum(op.n * op.k * 2 for op in gemm_ops) / 1e9,
-        "ops_gb": sum(op.bytes for op in ops if not op.is_gemm) / 1e9,
-        "us": dict(sorted(t.items())),
-        "share_us": share,
-        "speedup": {
-            "step": {p: t["cublas+step"] / t[f"{p}+step"] for p in providers if p != "cublas"},
-            "share": {p: share["cublas"] / share[p] for p in providers if p != "cublas" and share[p] > 0},
-            "bare": {p: t["cublas+bare"] / t[f"{p}+bare"] for p in providers if p != "cublas"},
-        },
-    }
-    if not planned:
-        row["ours"] = "no plan"
-    if peer_lib is not None:
-        row["peer_gemms"] = sum(1 for op in gemm_ops if peer_lib.variant_for(op.n, op.k, m, False))
-    return row
-
-
 STARTUP_PROBE = """
 import time, json
 t0 = time.perf_counter()
@@ -247,169 +167,6 @@ def bench_jit(arch: str) -> dict:
     }
 
 
-def geomean(values) -> float:
-    """Geometric mean."""
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
-
-
-def markdown(data: dict) -> str:
-    """The human-readable report."""
-    lines = [f"# skinny-gemm bench: {data.get('gpu', '?')}, {data['date']}", "", f"Command: `{data['command']}`", ""]
-    if "entries" in data:
-        rows = data["entries"]
-        lines += [
-            f"## Plan entries ({len(rows)} cells; geomean speedup {geomean(r['speedup'] for r in rows):.3f}x, "
-            + ", ".join(f"M={m}: {geomean(r['speedup'] for r in rows if r['m'] == m):.3f}x" for m in sorted({r['m'] for r in rows}))
-            + ")",
-            "",
-            "| N | K | M | cuBLAS us | plan us | speedup | plan % of 4.8 TB/s | variant |",
-            "|---:|---:|---:|---:|---:|---:|---:|---|",
-        ]
-        for r in rows:
-            lines.append(
-                f"| {r['n']} | {r['k']} | {r['m']} | {r['cublas_us']:.2f} | {r['plan_us']:.2f} | "
-                f"{r['speedup']:.2f}x | {r['plan_bw_pct']:.1f}% | {r['variant']} |"
-            )
-        lines.append("")
-    if "decode" in data:
-        lines += [
-            "## Decode step (one CUDA graph per rank, 192 GEMMs)",
-            "",
-            "| TP | M | planned GEMMs | weights GB | cuBLAS us | plans us | speedup | cuBLAS+ew us | plans+ew us | speedup |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for r in data["decode"]:
-            lines.append(
-                f"| {r['tp']} | {r['m']} | {r['planned_gemms']}/{r['gemms']} | {r['weight_gb']:.3f} | "
-                f"{r['cublas_us']:.0f} | {r['plan_us']:.0f} | {r['cublas_us'] / r['plan_us']:.2f}x | "
-                f"{r['cublas+ew_us']:.0f} | {r['plan+ew_us']:.0f} | {r['cublas+ew_us'] / r['plan+ew_us']:.2f}x |"
-            )
-        lines.append("")
-    if "served" in data:
-        lines += served_markdown(data["served"], data.get("served_about", {}))
-    if "startup" in data:
-        s = data["startup"]
-        lines += [
-            "## Startup",
-            "",
-            (f"import + load of {s['variants']} variants ({s['plans']} plans): median {s['import_and_load_ms']:.1f} ms "
-            f"(runs: {', '.join(f'{v:.1f}' for v in s['runs_ms'])} ms)"),
-            "",
-        ]
-    if "jit" in data:
-        j = data["jit"]
-        lines += [
-            "## JIT compile of the same variants (CPU machine)",
-            "",
-            (f"{j['variants']} {j['arch']} variants: `import cutlass.cute` {j['cutlass_import_s']:.2f} s + compile "
-            f"{j['compile_total_s']:.1f} s (median {j['compile_median_s']:.2f} s per variant; {j['note']})"),
-            "",
-        ]
-    return "\n".join(lines)
-
-
-def served_markdown(rows: list, about: dict) -> list[str]:
-    """The served-step section: whole step, ops alone, the projections' share, the bare chain, the peer."""
-    peer = any("peer+step" in r["us"] for r in rows)
-    lines = [
-        f"## Served decode step: {about.get('model', '?')} ({about.get('file', '')})",
-        "",
-        f"Step: {about.get('about', '')}",
-        "",
-        "One CUDA graph per (TP, M), cold L2 (every weight and stand-in buffer read from HBM). "
-        "share = step - ops alone (the projections' part of the served step); speedups over cuBLAS. "
-        "Bare chain: the same projections back to back without the ops (the kernels' own ceiling: "
-        "no server runs it)." + (f" Peer: vLLM {about.get('peer_version')} CuteSkinnyGemm, use_pdl off / on." if peer else ""),
-        "",
-        "| TP | M | planned | cuBLAS step us | ours step us | step speedup | ops alone us | ours share us | "
-        "share speedup |" + (" peer share speedup (pdl off / on) |" if peer else "") + " bare chain speedup |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if peer else "") + "---:|",
-    ]
-    for r in rows:
-        t, sp = r["us"], r["speedup"]
-        if "ours+step" in t:
-            ours = (f"{t['ours+step']:.0f} | {sp['step']['ours']:.2f}x | {t['ops']:.0f} | {r['share_us']['ours']:.0f} | "
-                    f"{sp['share'].get('ours', float('nan')):.2f}x")
-            bare = f"{sp['bare']['ours']:.2f}x"
-        else:
-            ours, bare = f"no plan | | {t['ops']:.0f} | no plan | no plan", "no plan"
-        peer_col = ""
-        if peer:
-            peer_col = (f" {sp['share'].get('peer', float('nan')):.2f}x / "
-                        f"{sp['share'].get('peer_pdl', float('nan')):.2f}x |")
-        lines.append(f"| {r['tp']} | {r['m']} | {r['planned_gemms']}/{r['gemms']} | {t['cublas+step']:.0f} | {ours} |"
-                     f"{peer_col} {bare} |")
-    lines.append("")
-    return lines
-
-
-def _pyplot():
-    """matplotlib.pyplot on the file-only Agg backend, or None where matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
-
-
-def plot_decode(data: dict, path: Path) -> bool:
-    """Share speedups of the served step per (TP, M), with the bare chain as a labelled second panel."""
-    plt = _pyplot()
-    if plt is None:
-        return False
-    rows = data.get("served", [])
-    if not rows:
-        return False
-    about = data.get("served_about", {})
-    labels = [f"TP{r['tp']} M{r['m']}" for r in rows]
-    providers = [p for p in ("ours", "peer", "peer_pdl") if any(p in r["speedup"]["share"] for r in rows)]
-    fig, axes = plt.subplots(1, 2, figsize=(max(10, len(rows) * 0.9), 4.5), sharey=True)
-    for ax, key, title in ((axes[0], "share", "served step: projections' share (step - ops)"),
-                           (axes[1], "bare", "bare chain (projections back to back)")):
-        width = 0.8 / max(1, len(providers))
-        for j, p in enumerate(providers):
-            ax.bar([i + j * width for i in range(len(rows))], [r["speedup"][key].get(p, 0) for r in rows],
-                   width=width, label=p)
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], labels, rotation=60, fontsize=7)
-        ax.set_title(title, fontsize=9)
-        ax.legend(fontsize=7)
-    axes[0].set_ylabel("speedup over cuBLAS")
-    fig.suptitle(f"{about.get('model', '')} decode step, {data.get('gpu', '')}, {data['date']} "
-                 f"({about.get('file', '')})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
-
-
-def plot(data: dict, path: Path) -> bool:
-    """Speedup per plan entry as a bar chart; False if matplotlib is missing."""
-    plt = _pyplot()
-    if plt is None:
-        return False
-    rows = data.get("entries", [])
-    if not rows:
-        return False
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.22), 4.5))
-    colors = {1: "#1f77b4", 2: "#ff7f0e", 3: "#2ca02c", 4: "#d62728"}
-    ax.bar(range(len(rows)), [r["speedup"] for r in rows], color=[colors.get(r["m"], "gray") for r in rows])
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.axhline(1.05, color="gray", lw=0.8, ls="--")
-    from matplotlib.patches import Patch
-
-    ax.legend(handles=[Patch(color=c, label=f"M={m}") for m, c in colors.items()], loc="upper right")
-    ax.set_xticks(range(len(rows)), [f"{r['n']}x{r['k']} M{r['m']}" for r in rows], rotation=90, fontsize=6)
-    ax.set_ylabel("speedup over cuBLAS (cold L2, graph replay)")
-    ax.set_title(f"skinny-gemm plans vs cuBLAS, {data.get('gpu', '')}, {data['date']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
-
-
 def add_arguments(p) -> None:
     """Register `bench`'s options."""
     p.add_argument("action", nargs="?", default="run", choices=("run", "peer-build"),
@@ -450,18 +207,6 @@ def peer_build(args) -> int:
     print(f"wrote {args.out / peer.MANIFEST}: vLLM {man['vllm_version']} {peer.PEER_REL} (sha256 {peer.PEER_SHA256[:12]}), "
           f"{len(man['variants'])} variants, {peers}/{len(man['cells'])} cells on the peer")
     return 0
-
-
-def load_peer(folder):
-    """The peer on this GPU, or None with one line saying why it is skipped."""
-    from ..runtime.loader import DriverError
-    from . import peer
-
-    try:
-        return peer.PeerLib(folder)
-    except (peer.PeerError, DriverError, OSError, KeyError, TypeError, ValueError) as exc:
-        print(f"bench: peer section skipped: {exc}", file=sys.stderr)
-        return None
 
 
 def main(args) -> int:

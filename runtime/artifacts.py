@@ -5,7 +5,10 @@ things with the same one-line reason, each naming the file. A problem in a
 manifest refuses that manifest (that arch) only; a problem in a variant's
 record or cubin refuses that variant only. Variants are checked one at a time
 (``Library.check``), when first needed: the loader checks only the variants of
-the shapes a process runs; verify and env check them all (``check_all``).
+the shapes a process runs; verify and env check them all (``check_all``). A
+check keeps the record, never the cubin's bytes: ``Library.image`` reads and
+checks them again for the one caller that needs them (the driver load), so a
+report that checks every variant leaves no cubin in memory.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ class Library:
     manifest: Manifest | None = None
     error: str | None = None
     refused: dict[str, str] = field(default_factory=dict)  # cubin file name -> reason
-    passed: dict[str, tuple[Variant, bytes]] = field(default_factory=dict, repr=False)  # id -> record, cubin
+    passed: dict[str, Variant] = field(default_factory=dict, repr=False)  # id -> record whose cubin passed
     kernels: dict = field(default_factory=dict)  # id -> devices.Kernel, once loaded into the driver
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
 
@@ -71,22 +74,37 @@ class Library:
             return [self.error]
         return [self.line(name) for name in self.refused]
 
-    def check(self, vid: str) -> tuple[Variant, bytes] | None:
-        """Variant ``vid``'s record and cubin bytes if every host check passes (once; cached), else None."""
+    def check(self, vid: str) -> Variant | None:
+        """Variant ``vid``'s record if every host check passes (once; the record is cached, the bytes are not)."""
         with self.lock:
             found = self.passed.get(vid)
-            if found is not None or self.manifest is None or vid not in self.manifest.files:
+            if found is not None:
                 return found
+            checked = self.image(vid)
+            return None if checked is None else checked[0]
+
+    def image(self, vid: str) -> tuple[Variant, bytes] | None:
+        """Variant ``vid``'s record and cubin bytes, read and host-checked now, or None if refused.
+
+        The bytes are the caller's (the driver load): what is loaded is what was just checked, and nothing
+        here keeps them. A failed check refuses the variant for good.
+        """
+        with self.lock:
+            if self.manifest is None or vid not in self.manifest.files:
+                return None
             file = self.manifest.files[vid]
             if file in self.refused:
                 return None
             try:
-                found = self.passed[vid] = _check_variant(self.manifest, vid)
+                variant, blob = _check_variant(self.manifest, vid)
             except VariantError as exc:
                 self.refused[file] = str(exc)
+                return None
             except Exception as exc:  # noqa: BLE001  (a check that failed itself refuses this variant only)
                 self.refused[file] = f"malformed variant ({type(exc).__name__}: {exc})"
-            return found
+                return None
+            self.passed[vid] = variant
+            return variant, blob
 
     def check_all(self) -> list[str]:
         """Host-check every variant (verify and env do; the loader does not): the refusal lines."""

@@ -236,8 +236,7 @@ def catalogue_linears(slug: str, tp: int) -> tuple[str, list[Linear]]:
             continue
         n, k = shapes[str(tp)]
         kind = spec.get("kind", "lm_head" if name == "lm_head" else "linear")
-        # The catalogue's "bias" predates biased routes: such a layer is a candidate with a bias.
-        plugin = CANDIDATE if spec.get("plugin") in (None, "bias") else spec["plugin"]
+        plugin = spec.get("plugin", CANDIDATE)  # a biased layer is a candidate too (its `bias` says so)
         out.append(Linear(name, kind, n, k, spec.get("calls_per_step", 0), spec.get("dtype", "bf16"),
                           bool(spec.get("bias", False)), plugin))
     if not out:

@@ -76,7 +76,7 @@ def load_kernel(lib: Library, vid: str, problems: list[str], defer: bool = False
         file = lib.manifest.files[vid]
         if file in lib.refused:
             return None
-        checked = lib.check(vid)
+        checked = lib.image(vid)
         if checked is None:
             problems.append(lib.line(file))
             return None
@@ -211,7 +211,7 @@ class DeviceTable:
             file = self.library.manifest.files.get(vid)
             if file is None or file in self.refused:
                 return None
-            capturing = drv.capturing()
+            capturing = drv.capturing(self.ordinal)  # the stream this device's launch goes to
             try:
                 with drv.relaxed_capture():
                     kernel = load_kernel(self.library, vid, problems, defer=capturing)
@@ -274,9 +274,9 @@ class DeviceTable:
         for key in list(keys):
             if n is not None and (key[0], key[1]) != (n, k):
                 continue
-            checked = lib.check(lib.manifest.plans[key])
-            if checked is not None:
-                found[key] = checked[0]
+            variant = lib.check(lib.manifest.plans[key])
+            if variant is not None:
+                found[key] = variant
         return found
 
     def launch_for(self, variant_id: str, n: int, k: int) -> Launch:

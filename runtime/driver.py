@@ -80,12 +80,23 @@ def devices() -> list[tuple[int, str, tuple[int, int]]]:
     return found
 
 
-def capturing() -> bool:
-    """Whether torch's current stream is capturing a graph (a CPU-only torch cannot say: it never is)."""
+def capturing(ordinal: int) -> bool:
+    """Whether a launch on GPU ``ordinal`` may be inside a graph capture: torch's current stream there captures.
+
+    The launch goes to ``ordinal``'s current stream, which is not the calling thread's current device's on a
+    cross-device call, so that stream is the one asked; a capture on the current device's stream counts too
+    (deferring costs one fallback, a refusal made for good costs the variant).
+    """
     try:
-        return torch.cuda.is_current_stream_capturing()
-    except RuntimeError:
-        return False
+        if torch.cuda.is_current_stream_capturing():
+            return True
+        if torch.cuda.current_device() == ordinal:
+            return False
+        with torch.cuda.device(ordinal):
+            return torch.cuda.is_current_stream_capturing()
+    except (RuntimeError, AssertionError):
+        # A CPU-only torch cannot say (it never captures); a CUDA torch that cannot say is taken as capturing.
+        return torch.cuda.is_available()
 
 
 @contextlib.contextmanager

@@ -20,8 +20,8 @@ from helpers.reference import (
     random_tensor,
 )
 
-from skinny_gemm.runtime import api, ops, vllm_plugin
-from skinny_gemm.runtime.vllm_plugin import (
+from skinny_gemm.runtime import api, ops, vllm_routes
+from skinny_gemm.runtime.vllm_routes import (
     ROUTED,
     LayerMatch,
     RoutedApply,
@@ -127,7 +127,7 @@ def test_routed_forward_matches_f_linear_under_graph_replay(fallbacks):
 def test_compiled_route_launches_the_plan_under_graph_replay_and_counts_it(fallbacks, monkeypatch):
     """vLLM's compiled graph calls the plugin's opaque op for every M: it must run the plan and count the call."""
     calls = Counter()
-    monkeypatch.setattr(vllm_plugin, "CALLS", calls)
+    monkeypatch.setattr(vllm_routes, "CALLS", calls)
     gen = torch.Generator(device="cuda").manual_seed(2)
     # Three shapes keep the compile time short; the op and its dispatch are the same for all.
     for (n, k), ms in _planned_shapes()[:3]:

@@ -40,10 +40,10 @@ def register():
     _meaningful_dummy_weights()
     if os.environ.get("SKINNY_GEMM_VLLM") == "0" or importlib.util.find_spec("skinny_gemm") is None:
         return
-    from skinny_gemm.runtime import api, vllm_plugin
+    from skinny_gemm.runtime import api, vllm_routes
 
     table = {(n, k): tuple(ms) for n, k, ms in json.loads(os.environ.get("SKINNY_GEMM_TEST_PLANS", "[]"))}
-    vllm_plugin.planned_ms = lambda n, k, device=None: table.get((n, k), ())
+    vllm_routes.planned_ms = lambda n, k, device=None: table.get((n, k), ())
     real_linear = api.linear
 
     def recording_linear(x, weight, bias=None, residual=None):
@@ -124,10 +124,10 @@ def report(model):
         "summary": None,
     }
     if "skinny_gemm.runtime.vllm_plugin" in sys.modules:
-        from skinny_gemm.runtime import vllm_plugin
+        from skinny_gemm.runtime import vllm_routes, vllm_summary
 
-        for name, (cls, m) in vllm_plugin.layer_matches(model).items():
+        for name, (cls, m) in vllm_routes.layer_matches(model).items():
             found["matches"][name] = [cls, m.n, m.k, sorted(m.ms), m.outcome]
-        found["plugin_calls"] = [[n, k, m, c] for (n, k, m), c in sorted(vllm_plugin.CALLS.items())]
-        found["summary"] = vllm_plugin.summary(model)
+        found["plugin_calls"] = [[n, k, m, c] for (n, k, m), c in sorted(vllm_routes.CALLS.items())]
+        found["summary"] = vllm_summary.summary(model)
     return found

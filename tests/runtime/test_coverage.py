@@ -209,3 +209,19 @@ def test_biased_layer_is_covered_only_by_a_plan_that_adds_the_bias(tmp_path, cap
     _, out, _ = _run(capsys, config, tp=4, plan=plans)
     (qkv,) = [r for r in json.loads(out)["linears"] if r["name"] == "qkv_proj"]
     assert (qkv["routed_ms"], qkv["status"]) == ([], "routed, bias: F.linear until a bias plan")
+
+
+def test_catalogue_plugin_values_are_the_ones_coverage_knows():
+    """`plugin` says only whether vLLM's plugin may route a layer: a biased layer and a tied LM head (a
+    ParallelLMHead sharing embed_tokens' weight in vLLM 0.32) are candidates; routers and vLLM's fast path not."""
+    known = {coverage.CANDIDATE, coverage.ROUTER, coverage.FAST_PATH}
+    biased = []
+    for path in sorted(MODELS.glob("*.json")):
+        for name, spec in json.loads(path.read_text()).get("linears", {}).items():
+            assert spec.get("plugin", coverage.CANDIDATE) in known, (path.name, name, spec.get("plugin"))
+            if spec.get("bias") and spec.get("kind") != "router":
+                biased.append((path.stem, name, spec["plugin"]))
+    assert biased and {plugin for *_, plugin in biased} == {coverage.CANDIDATE}, biased
+    _, linears = coverage.catalogue_linears("gemma-3-27b", 1)
+    (head,) = [lin for lin in linears if lin.name == "lm_head"]
+    assert (head.kind, head.plugin, coverage._status(head, [1], [1])) == ("lm_head", coverage.CANDIDATE, "routed")

@@ -25,6 +25,7 @@ from helpers.artifacts import (
     the_warning,
     write_manifest,
 )
+from helpers.fake_capture import FakeCapture
 from helpers.fake_driver import FakeDriver, R
 
 from skinny_gemm.runtime import driver as driver_mod
@@ -303,14 +304,48 @@ def test_bind_failure_inside_capture_retries_outside(fresh, art, monkeypatch):
     fake = fresh()
     fake.fail[f"cuKernelGetFunction:{v['symbol']}"] = R.CUDA_ERROR_INVALID_CONTEXT
     table = loader.DEVICES[0].table
-    monkeypatch.setattr(driver_mod, "capturing", lambda: True)
+    monkeypatch.setattr(driver_mod, "capturing", lambda ordinal: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert table.get(key) is None, "falls back inside the capture"
     assert key in table and loader.DEVICES[0].refused == {}, "no refusal made for good inside a capture"
-    monkeypatch.setattr(driver_mod, "capturing", lambda: False)
+    monkeypatch.setattr(driver_mod, "capturing", lambda ordinal: False)
     del fake.fail[f"cuKernelGetFunction:{v['symbol']}"]
     assert table.get(key) is not None and loader.DEVICES[0].refused == {}
+
+
+@pytest.mark.parametrize(
+    ("current", "captured"), [(0, 1), (0, 0)], ids=["capture-on-the-launch-device", "capture-on-the-current-device"]
+)
+def test_cross_device_first_call_inside_a_capture_defers(fresh, art, monkeypatch, current, captured):
+    """A first call for GPU 1 while GPU ``current`` is the thread's device and GPU ``captured``'s stream captures:
+    a driver failure then may be the capture's doing, so it refuses nothing for good."""
+    v = first_variant(art)
+    key = sorted(plans_of(art, v["id"]))[0]
+    fake = fresh(caps=[(9, 0), (9, 0)])
+    fake.fail[f"cuLibraryLoadData:{v['symbol']}"] = R.CUDA_ERROR_INVALID_CONTEXT
+    capture = FakeCapture(monkeypatch, current=current, capturing={captured})
+    dev = loader.DEVICES[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert dev.table.get(key) is None, "falls back inside the capture"
+    assert key in dev.table and dev.library.refused == {} and dev.refused == {}, "nothing refused for good"
+    assert capture.current == current, "the thread's current device is restored"
+    capture.capturing.clear()
+    del fake.fail[f"cuLibraryLoadData:{v['symbol']}"]
+    assert dev.table.get(key) is not None, "the next call outside the capture loads it"
+
+
+def test_first_call_outside_any_capture_refuses_a_driver_failure(fresh, art, monkeypatch):
+    """The negative control of the test above: with no capture anywhere the same failure refuses the variant."""
+    v = first_variant(art)
+    key = sorted(plans_of(art, v["id"]))[0]
+    fake = fresh(caps=[(9, 0), (9, 0)])
+    fake.fail[f"cuLibraryLoadData:{v['symbol']}"] = R.CUDA_ERROR_INVALID_CONTEXT
+    FakeCapture(monkeypatch, current=0)
+    with pytest.warns(loader.ArtifactWarning, match="CUDA_ERROR_INVALID_CONTEXT"):
+        assert loader.DEVICES[1].table.get(key) is None
+    assert key not in loader.DEVICES[1].table and v["file"] in loader.DEVICES[1].library.refused
 
 
 def test_damaged_cubin_inside_capture_is_refused_at_once(fresh, art, monkeypatch):
@@ -319,7 +354,7 @@ def test_damaged_cubin_inside_capture_is_refused_at_once(fresh, art, monkeypatch
     (art / "sm_90a" / v["file"]).write_bytes(b"junk")
     key = sorted(plans_of(art, v["id"]))[0]
     fresh()
-    monkeypatch.setattr(driver_mod, "capturing", lambda: True)
+    monkeypatch.setattr(driver_mod, "capturing", lambda ordinal: True)
     with pytest.warns(loader.ArtifactWarning, match="sha256 mismatch"):
         assert loader.DEVICES[0].table.get(key) is None
     assert key not in loader.DEVICES[0].table
@@ -437,7 +472,7 @@ def test_first_call_inside_a_capture_loads_and_binds_in_relaxed_mode(fresh, art,
             setattr(fake, name, spy)
 
     fake = fresh(setup=setup)
-    monkeypatch.setattr(driver_mod, "capturing", lambda: True)
+    monkeypatch.setattr(driver_mod, "capturing", lambda ordinal: True)
     key = min(all_plans(art))
     assert loader.DEVICES[0].table.get(key) is not None
     relaxed = int(fake.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED)

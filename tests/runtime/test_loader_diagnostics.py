@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from helpers.artifacts import first_variant
+from helpers.retained import retained_bytes
 
 import skinny_gemm
 from skinny_gemm.runtime import diagnostics, loader
@@ -31,3 +32,19 @@ def test_report_with_a_gpu(monkeypatch, fresh, art):
     assert f"package {skinny_gemm.__version__}, arch sm_90a, cutlass-dsl" in text
     assert f"refused {first_variant(art)['file']}: cubin missing" in text
     assert "launch table:" in text
+
+
+def test_report_keeps_no_cubin_in_memory(monkeypatch, fresh, art):
+    """The report host-checks every variant (reading every cubin); afterwards only a loaded variant's image is
+    held (the driver's), and the records of the checked ones; the negative control counts a loaded one."""
+    fresh()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    lib = loader.STATE.libraries["sm_90a"]
+    diagnostics.env_report()
+    assert len(lib.passed) == len(lib.manifest.files) > 1, "every variant was checked"
+    assert [b for b in retained_bytes(lib) if len(b) > 256] == []
+    v = first_variant(art)
+    table = loader.DEVICES[0].table
+    assert table.get(min(key for key, vid in lib.manifest.plans.items() if vid == v["id"])) is not None
+    assert [len(b) for b in retained_bytes(lib) if len(b) > 256] == [v["size"]], "the loaded variant's image only"

@@ -22,9 +22,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from skinny_gemm.runtime import api, vllm_plugin
-from skinny_gemm.runtime.vllm_plugin import (
-    LOG_PREFIX,
+from skinny_gemm.runtime import api, vllm_plugin, vllm_routes
+from skinny_gemm.runtime.vllm_plugin import LOG_PREFIX
+from skinny_gemm.runtime.vllm_routes import (
     LayerMatch,
     RoutedApply,
     install_route,
@@ -70,7 +70,7 @@ class _Method:
         return F.linear(x, layer.weight, bias)
 
 
-def _layer(n, k, ms, outcome=vllm_plugin.ROUTED, dtype=torch.bfloat16):
+def _layer(n, k, ms, outcome=vllm_routes.ROUTED, dtype=torch.bfloat16):
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.randn(n, k).to(dtype), requires_grad=False)
     method = _Method()
@@ -114,17 +114,17 @@ def test_routed_apply_sends_planned_m_with_or_without_bias_to_skinny_gemm(linear
 def fresh_calls(monkeypatch):
     """The plugin's per-process call counter, empty for the test."""
     calls = Counter()
-    monkeypatch.setattr(vllm_plugin, "CALLS", calls)
+    monkeypatch.setattr(vllm_routes, "CALLS", calls)
     return calls
 
 
 def test_unrouted_layer_keeps_vllm_apply_and_shared_method_routes_per_layer(linear_calls, fresh_calls):
-    layer, method = _layer(64, 32, ms=(1,), outcome=vllm_plugin.NO_PLAN)
+    layer, method = _layer(64, 32, ms=(1,), outcome=vllm_routes.NO_PLAN)
     assert "apply" not in vars(method), "a layer without a plan leaves vLLM's method untouched"
     routed, _ = _layer(64, 32, ms=(1,))
     # One method object serving a routed and an unrouted layer.
-    install_route(method, routed, vars(routed)[vllm_plugin.LAYER_ATTR])
-    install_route(method, routed, vars(routed)[vllm_plugin.LAYER_ATTR])
+    install_route(method, routed, vars(routed)[vllm_routes.LAYER_ATTR])
+    install_route(method, routed, vars(routed)[vllm_routes.LAYER_ATTR])
     assert isinstance(method.apply, RoutedApply) and not isinstance(method.apply.original, RoutedApply)
     x = torch.randn(1, 32).bfloat16()
     method.apply(layer, x)
@@ -175,7 +175,7 @@ def _model_with(*matches):
     model = torch.nn.Module()
     for i, match in enumerate(matches):
         child = torch.nn.Linear(match.k, match.n, bias=False)
-        setattr(child, vllm_plugin.LAYER_ATTR, match)
+        setattr(child, vllm_routes.LAYER_ATTR, match)
         model.add_module(f"m{i}", child)
     return model
 
@@ -192,14 +192,14 @@ def test_summary_line_counts_the_calls_of_a_known_forward(fresh_calls):
         LayerMatch("model.layers.0.self_attn.o_proj", 128, 128, frozenset(), "no plan"),
         LayerMatch("model.layers.0.mlp.down_proj", 128, 192, frozenset(), "no plan", dtype="float16"),
         LayerMatch("model.layers.1.mlp.down_proj", 128, 192, frozenset({1}), "dtype float16", dtype="float16"),
-        LayerMatch("model.layers.0.mlp.gate", 64, 128, frozenset(), vllm_plugin.ROUTER),
-        LayerMatch("model.layers.0.self_attn.fused_qkv_a_proj", 2112, 128, frozenset({1}), vllm_plugin.OWN_KERNEL),
+        LayerMatch("model.layers.0.mlp.gate", 64, 128, frozenset(), vllm_routes.ROUTER),
+        LayerMatch("model.layers.0.self_attn.fused_qkv_a_proj", 2112, 128, frozenset({1}), vllm_routes.OWN_KERNEL),
     )
     method = _Method()
     layers = [getattr(model, name) for name in ("m0", "m1", "m2")]
     for layer in layers:
         layer.weight.data = layer.weight.data.bfloat16()
-        install_route(method, layer, vars(layer)[vllm_plugin.LAYER_ATTR])
+        install_route(method, layer, vars(layer)[vllm_routes.LAYER_ATTR])
     for m in (1, 1, 1, 2):
         x = torch.randn(m, 128).bfloat16()
         for layer in layers:
@@ -262,20 +262,20 @@ def test_candidates_are_vllms_unquantized_method_and_the_lm_head(monkeypatch):
         return layer
 
     def outcome(method, layer):
-        return vllm_plugin.match_layer(method, layer, (1024, 128), torch.bfloat16, torch.device("cpu")).outcome
+        return vllm_routes.match_layer(method, layer, (1024, 128), torch.bfloat16, torch.device("cpu")).outcome
 
-    monkeypatch.setattr(vllm_plugin, "planned_ms", lambda n, k, device=None: (1, 2) if (n, k) == (1024, 128) else ())
+    monkeypatch.setattr(vllm_routes, "planned_ms", lambda n, k, device=None: (1, 2) if (n, k) == (1024, 128) else ())
     head = bare(ParallelLMHead, "lm_head")
     # A quant config that excludes lm_head hands it an UnquantizedLinearMethod.
     for method in (UnquantizedEmbeddingMethod(), UnquantizedLinearMethod()):
-        assert vllm_plugin._is_candidate(method, head)
+        assert vllm_routes._is_candidate(method, head)
         assert outcome(method, head) == "routed"
-    assert not vllm_plugin._is_candidate(UnquantizedEmbeddingMethod(), bare(VocabParallelEmbedding, "embed_tokens"))
+    assert not vllm_routes._is_candidate(UnquantizedEmbeddingMethod(), bare(VocabParallelEmbedding, "embed_tokens"))
 
     class LowLatencyMethod(UnquantizedLinearMethod):
         pass
 
-    assert not vllm_plugin._is_candidate(LowLatencyMethod(), bare(RowParallelLinear, "o_proj"))
+    assert not vllm_routes._is_candidate(LowLatencyMethod(), bare(RowParallelLinear, "o_proj"))
     with_bias = bare(RowParallelLinear, "o_proj", bias=torch.nn.Parameter(torch.zeros(1024), requires_grad=False))
     with_bias.skip_bias_add = False
     # A biased layer is routed: skinny_gemm.linear takes the bias (its plan, or F.linear with it).
@@ -285,18 +285,18 @@ def test_candidates_are_vllms_unquantized_method_and_the_lm_head(monkeypatch):
     assert outcome(chosen, bare(RowParallelLinear, "o_proj")) == "linear backend"
     plain = bare(RowParallelLinear, "o_proj")
     assert outcome(UnquantizedLinearMethod(), plain) == "routed"
-    assert not vllm_plugin.match_layer(UnquantizedLinearMethod(), plain, (1024, 128), torch.bfloat16, "cpu").own_forward
+    assert not vllm_routes.match_layer(UnquantizedLinearMethod(), plain, (1024, 128), torch.bfloat16, "cpu").own_forward
 
     # Every shape without a plan is reported as such, whatever its dtype; a planned one in fp16 is skipped.
     def match(layer, shape, dtype):
-        return vllm_plugin.match_layer(UnquantizedLinearMethod(), layer, shape, dtype, torch.device("cpu"))
+        return vllm_routes.match_layer(UnquantizedLinearMethod(), layer, shape, dtype, torch.device("cpu"))
 
     assert (match(plain, (1024, 128), torch.float16).outcome, match(plain, (64, 128), torch.float16).outcome) == (
         "dtype float16",
         "no plan",
     )
     # An LM head computed in fp32 (head_dtype) never calls apply.
-    monkeypatch.setattr(vllm_plugin, "_head_dtype", lambda: torch.float32)
+    monkeypatch.setattr(vllm_routes, "_head_dtype", lambda: torch.float32)
     assert outcome(UnquantizedEmbeddingMethod(), head) == "head_dtype float32"
 
 
@@ -311,24 +311,24 @@ def test_routers_and_vllms_own_kernels_are_left_alone():
 
     gate = GateLinear.__new__(GateLinear)
     torch.nn.Module.__init__(gate)
-    assert not vllm_plugin._is_candidate(UnquantizedLinearMethod(), gate) and vllm_plugin._is_router(gate)
+    assert not vllm_routes._is_candidate(UnquantizedLinearMethod(), gate) and vllm_routes._is_router(gate)
 
     fused = DeepSeekV2FusedQkvAProjLinear.__new__(DeepSeekV2FusedQkvAProjLinear)
     torch.nn.Module.__init__(fused)
     fused.weight = torch.nn.Parameter(torch.zeros(2112, 7168, dtype=torch.bfloat16), requires_grad=False)
     fused.bias, fused.prefix = None, "model.layers.0.self_attn.fused_qkv_a_proj"
-    assert vllm_plugin._own_forward(fused) and not vllm_plugin._own_forward(
+    assert vllm_routes._own_forward(fused) and not vllm_routes._own_forward(
         MergedColumnParallelLinear.__new__(MergedColumnParallelLinear)
     )
-    vllm_plugin.planned_ms, saved = (lambda n, k, device=None: (1,)), vllm_plugin.planned_ms
+    vllm_routes.planned_ms, saved = (lambda n, k, device=None: (1,)), vllm_routes.planned_ms
     try:
         args = ((2112, 7168), torch.bfloat16, torch.device("cpu"))
         fused._use_min_latency_gemm = False  # not sm_90: its forward falls back to apply, the route runs
-        assert vllm_plugin.match_layer(UnquantizedLinearMethod(), fused, *args).outcome == "routed"
+        assert vllm_routes.match_layer(UnquantizedLinearMethod(), fused, *args).outcome == "routed"
         fused._use_min_latency_gemm = True  # sm_90/sm_100: dsv3_fused_a_gemm claims it
-        assert vllm_plugin.match_layer(UnquantizedLinearMethod(), fused, *args).outcome == vllm_plugin.OWN_KERNEL
+        assert vllm_routes.match_layer(UnquantizedLinearMethod(), fused, *args).outcome == vllm_routes.OWN_KERNEL
     finally:
-        vllm_plugin.planned_ms = saved
+        vllm_routes.planned_ms = saved
 
 
 def _run_python(code: str, env: dict | None = None) -> str:
