@@ -210,6 +210,10 @@ def select(model: dict, configs: list[KernelConfig], n: int, k: int, top: int = 
     return sorted(set(keep), key=order.get)
 
 
+# Fewest candidates a cell needs for its rank correlation to say something about the model.
+MIN_RANKED = 3
+
+
 def _rank_corr(a, b) -> float:
     import numpy as np
 
@@ -260,7 +264,10 @@ def check(paths=None, tops=TOPS, per_family: int = PER_FAMILY, by: str = "shape"
         "timings": len(t.log_us),
         "held_out_by": by,
         "shapes_held_out": len(set(shapes)),
-        "mean_rank_corr": float(np.mean([c["rank_corr"] for c in per_cell])),
+        # over the cells with at least MIN_RANKED candidates: the re-measures of plan entries (`tune prepare
+        # --from-plans`, one or two configs per cell) rank nothing
+        "ranked_cells": sum(c["candidates"] >= MIN_RANKED for c in per_cell),
+        "mean_rank_corr": float(np.mean([c["rank_corr"] for c in per_cell if c["candidates"] >= MIN_RANKED])),
         "median_measured_rank_of_predicted_best": float(np.median([c["measured_rank_of_predicted_best"]
                                                                    for c in per_cell])),
         "mean_loss": {str(top): float(np.mean([c["loss"][str(top)] for c in per_cell])) for top in tops},
@@ -281,7 +288,7 @@ def report(result: dict) -> str:
     lines = [
         (f"cost model held out by {s['held_out_by']}: {s['cells']} cells, {s['timings']} timings, "
          f"{s['shapes_held_out']} groups (each predicted by a fit without it)"),
-        f"rank correlation (Spearman, mean over cells): {s['mean_rank_corr']:.3f}",
+        f"rank correlation (Spearman, mean over the {s['ranked_cells']} cells of >= {MIN_RANKED} candidates): {s['mean_rank_corr']:.3f}",
         f"measured rank of the predicted best (median): {s['median_measured_rank_of_predicted_best']:.0f}",
         f"time error |pred/us - 1| (median): {100 * s['median_abs_rel_error']:.1f}%",
         "best of the model's top N vs the true best: "
