@@ -50,9 +50,7 @@ MMA_A_ROWS = 16
 # wholly inside K or wholly past it, so a load is either taken or replaced by zeros).
 TAIL_K_GRAIN = 8
 # Fields newer than the committed plan tables, and their defaults: to_json leaves them out when off.
-QUIET_FIELDS = {"bias": False, "tail": False, "token_groups": 1}
-# Token groups of a sliced "mma" tile: the A side holds m / token_groups tokens x slices.
-TOKEN_GROUPS = (1, 2, 4)
+QUIET_FIELDS = {"bias": False, "tail": False}
 
 
 class ConfigError(ValueError):
@@ -111,10 +109,6 @@ class KernelConfig:
     # others are zeros, never products of masked values) and the last CTA's columns past N are neither
     # read (their loads read row N-1) nor written
     tail: bool = False
-    # mma with slices: the tokens run in this many groups of m / token_groups, each with its own A fragments
-    # against the same weight fragments, so 16 tokens fit sliced tiles (m / token_groups * slices <= 16): the
-    # unsliced tiles 16 tokens need load 8 rows x 64 B per warp and ran 38720x4096 at 82% of 4.8 TB/s (M=4, sliced: 93%)
-    token_groups: int = 1
 
     @property
     def groups(self) -> int:
@@ -147,13 +141,10 @@ class KernelConfig:
             # accumulators + one step's weight fragments per tile + its token words, per unrolled step
             return self.cols // 2 + self.unroll * (self.cols // 2 + 4), "cols/2 + unroll*(cols/2 + 4)"
         if self.kind == "mma":
-            # accumulators (4 per tile and token group) + per buffered step: 4 weight words per tile + 4 words per
-            # token load and group (unsliced: tiles = cols / 8, one group and one token load, i.e.
-            # cols/2 + stages*unroll*(cols/2 + 4))
-            G = self.token_groups
-            return (4 * self.mma_tiles * G
-                    + self.stages * self.unroll * (4 * self.mma_tiles + 4 * self.token_loads * G),
-                    "4*tiles*token_groups + stages*unroll*(4*tiles + 4*token_loads*token_groups)")
+            # accumulators (4 per tile) + per buffered step: 4 weight words per tile + 4 words per token load
+            # (unsliced: tiles = cols / 8 and one token load, i.e. cols/2 + stages*unroll*(cols/2 + 4))
+            return (4 * self.mma_tiles + self.stages * self.unroll * (4 * self.mma_tiles + 4 * self.token_loads),
+                    "4*tiles + stages*unroll*(4*tiles + 4*token_loads)")
         regs = self.m * self.cols + self.unroll * (self.cols + self.m) * self.vec // 2
         if not self.persist:
             return regs, "m*cols + unroll*(cols+m)*vec/2"
@@ -168,9 +159,8 @@ class KernelConfig:
 
     @property
     def token_loads(self) -> int:
-        """Token loads per lane, step and token group ("mma"): 2 once a group's tokens x slices rows of the A side
-        pass its first 8."""
-        return 2 if self.m // self.token_groups * self.slices > MMA_ROWS else 1
+        """Token loads per lane and step ("mma"): 2 once the m x slices rows of the A side pass its first 8."""
+        return 2 if self.m * self.slices > MMA_ROWS else 1
 
     @property
     def mma_smem(self) -> int:
@@ -206,7 +196,6 @@ class KernelConfig:
             f"{f'_f{self.fetch}' if self.fetch != 256 else ''}{f'_x{self.split}' if self.split != 1 else ''}"
             f"{f'_p{self.persist}' if self.persist else ''}{f'_sl{self.slices}' if self.slices != 1 else ''}"
             f"{'_b' if self.bias else ''}{'_t' if self.tail else ''}"
-            f"{f'_tg{self.token_groups}' if self.token_groups != 1 else ''}"
         )
 
     @property
@@ -287,7 +276,6 @@ _FIELD_RULES = (
     ("persist", "persist", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = one CTA per row group)"),
     ("slices", "slices", lambda v: _is_int(v) and v in SLICES, f"one of {SLICES}"),
     ("static_k", "static k", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = K at run time)"),
-    ("token_groups", "token groups", lambda v: _is_int(v) and v in TOKEN_GROUPS, f"one of {TOKEN_GROUPS}"),
 )
 
 
@@ -321,16 +309,11 @@ def _option_rules(c: KernelConfig) -> None:
             f"rule 'm range': m={c.m} exceeds {limit}"
             + (" for kind 'bulk' (a lane loads one token: A rows 8..15 stay zero)" if c.kind == "bulk" else "")
         )
-    if c.token_groups != 1 and (c.slices == 1 or c.m % c.token_groups or c.m // c.token_groups < 2):
+    if c.slices != 1 and (c.kind != "mma" or c.split != 1 or c.m * c.slices > MMA_A_ROWS):
         raise ConfigError(
-            f"rule 'token groups': token_groups={c.token_groups} needs slices > 1 and m a multiple of it with at "
-            f"least 2 tokens per group (slices={c.slices}, m={c.m}): the groups share sliced weight fragments"
-        )
-    if c.slices != 1 and (c.kind != "mma" or c.split != 1 or c.m // c.token_groups * c.slices > MMA_A_ROWS):
-        raise ConfigError(
-            f"rule 'slices': slices={c.slices} needs kind 'mma', split 1 and m/token_groups*slices <= {MMA_A_ROWS} "
-            f"(kind={c.kind!r}, split={c.split}, m={c.m}, token_groups={c.token_groups}): the A side's "
-            f"{MMA_A_ROWS} rows hold every token of a group at every slice"
+            f"rule 'slices': slices={c.slices} needs kind 'mma', split 1 and m*slices <= {MMA_A_ROWS} "
+            f"(kind={c.kind!r}, split={c.split}, m={c.m}): the A side's {MMA_A_ROWS} rows hold "
+            "every token at every slice"
         )
     if c.tail and (c.kind not in ("simt", "mma") or c.split != 1 or c.persist or c.static_k):
         raise ConfigError(

@@ -144,12 +144,10 @@ class SkinnyMma(Launcher):
             # Padding tokens (>= M) read token 0 and are zeroed by their mask, as in the unsliced branch.
             # (The A row g + 8 pointer is dead code unless token_loads is 2; ptxas drops it. Building it
             # in this order keeps the planned sliced cubins byte-identical to the ones tested on the H200.)
-            # With token groups the A rows hold one group's MG tokens; group h's tokens start at token h * MG.
-            MG = M // cfg.token_groups
             tok = g // S
-            keep = ((cutlass.Int32(MG - 1) - tok) >> 31) ^ cutlass.Int32(-1)
+            keep = ((cutlass.Int32(M - 1) - tok) >> 31) ^ cutlass.Int32(-1)
             tok2 = (g + MMA_ROWS) // S
-            keep2 = ((cutlass.Int32(MG - 1) - tok2) >> 31) ^ cutlass.Int32(-1)
+            keep2 = ((cutlass.Int32(M - 1) - tok2) >> 31) ^ cutlass.Int32(-1)
             w_lane = cute.recast_ptr(w, dtype=cutlass.Int32) + cute.assume((row0 + g // S) * r_half + koff, divby=4)
             a_lane = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((tok & keep) * r_half + koff, divby=4)
             a_lane2 = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((tok2 & keep2) * r_half + koff, divby=4)
@@ -166,13 +164,8 @@ class SkinnyMma(Launcher):
                 a_lane2 = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((tok2 & keep2) * r_half + koff, divby=4)
             else:
                 keep2, a_lane2 = keep, a_lane  # unused: A rows 8..15 are zero
-        # (pointer, mask) of A row g's token, then of A row g + 8's (read only when token_loads is 2), then
-        # token groups 1.. as (A row g, A row g + 8) pointer pairs, MG tokens further each (same masks)
-        more = []
-        if cutlass.const_expr(cfg.token_groups > 1):
-            more = [(a_lane + cute.assume(h * MG * r_half, divby=4), a_lane2 + cute.assume(h * MG * r_half, divby=4))
-                    for h in range(1, cfg.token_groups)]
-        tokens = (a_lane, keep, a_lane2, keep2, more)
+        # (pointer, mask) of A row g's token, then of A row g + 8's (read only when token_loads is 2)
+        tokens = (a_lane, keep, a_lane2, keep2)
         if cutlass.const_expr(cfg.tail):
             # Per tile, this lane's weight row from K = 0, clamped to N - 1: rows past N are read, never stored.
             R = MMA_ROWS // S
@@ -185,10 +178,9 @@ class SkinnyMma(Launcher):
 
         # (stage buffer, step, tile, word) i32: 8 k of weight row g (g // S with slices) per step and tile
         wbuf = cute.make_rmem_tensor((D, cfg.unroll, TILES, 4), cutlass.Int32)
-        # (stage buffer, step, word) i32: per token group, 8 k of A row g's token, then (second load) of A row g + 8's
-        xbuf = cute.make_rmem_tensor((D, cfg.unroll, 4 * cfg.token_loads * cfg.token_groups), cutlass.Int32)
-        # (token group x tile, c0..c3) MMA accumulators
-        acc = cute.make_rmem_tensor((TILES * cfg.token_groups, 4), cutlass.Float32)
+        # (stage buffer, step, word) i32: 8 k of token g, then (second load) of A row g + 8's token
+        xbuf = cute.make_rmem_tensor((D, cfg.unroll, 4 * cfg.token_loads), cutlass.Int32)
+        acc = cute.make_rmem_tensor((TILES, 4), cutlass.Float32)  # (tile, c0..c3) MMA accumulators
         acc.fill(0.0)
 
         prefetch_weight(cfg, w, tidx, bidx * cfg.cols_per_cta, kk, n)
@@ -255,18 +247,16 @@ class SkinnyMma(Launcher):
     def load_token(self, tokens, xbuf, buf, stage):
         """Issue stage ``stage``'s token loads into buffer ``buf``: per step, 8 k of each A row's token (L1 hits but the first)."""
         cfg = self.cfg
-        a_lane, _, a_lane2, _, more = tokens
-        TL = cfg.token_loads
+        a_lane, _, a_lane2, _ = tokens
         for u in cutlass.range_constexpr(cfg.unroll):
             off = cute.assume((stage * cfg.unroll + u) * 16 * cfg.slices, divby=4)
-            for h, (p1, p2) in enumerate([(a_lane, a_lane2), *more]):
-                v = cute.make_tensor(p1 + off, cute.make_layout(4)).load()
+            v = cute.make_tensor(a_lane + off, cute.make_layout(4)).load()
+            for e in cutlass.range_constexpr(4):
+                xbuf[buf, u, e] = v[e]
+            if cutlass.const_expr(cfg.token_loads > 1):
+                v2 = cute.make_tensor(a_lane2 + off, cute.make_layout(4)).load()
                 for e in cutlass.range_constexpr(4):
-                    xbuf[buf, u, 4 * TL * h + e] = v[e]
-                if cutlass.const_expr(TL > 1):
-                    v2 = cute.make_tensor(p2 + off, cute.make_layout(4)).load()
-                    for e in cutlass.range_constexpr(4):
-                        xbuf[buf, u, 4 * TL * h + 4 + e] = v2[e]
+                    xbuf[buf, u, 4 + e] = v2[e]
 
     @cute.jit
     def tail_steps(self, w_rows, tokens, acc, kk, krange, koff, wk, g, q):
@@ -281,47 +271,42 @@ class SkinnyMma(Launcher):
         S = cfg.slices
         WK = cfg.k_threads // WARP
         STEP = MMA_K_STEP * S
-        a_lane, keep, a_lane2, keep2, more = tokens
-        # the token pointers without this lane's main-loop K offset: token row starts (per token group)
-        rows = [(p1 + (-koff), p2 + (-koff)) for p1, p2 in [(a_lane, a_lane2), *more]]
+        a_lane, keep, a_lane2, keep2 = tokens
+        # the token pointers without this lane's main-loop K offset: token row starts
+        a_row = a_lane + (-koff)
+        a_row2 = a_lane2 + (-koff)
         zero = mma_zero()
         steps = (kk - krange + (STEP - 1)) // STEP
         for s in cutlass.range(wk, steps, WK, unroll=1):
             kpos = krange + s * STEP + (g % S) * 32 + q * 8
             inside = (kpos - kk) >> 31  # all ones inside K, zero past it
             word = cute.assume((kpos // 2) & inside, divby=4)
-            xs = []
-            for a_row, a_row2 in rows:
-                xv = cute.make_tensor(a_row + word, cute.make_layout(4)).load()
-                x = [xv[e] & keep & inside for e in range(4)]
-                x2 = None
-                if cutlass.const_expr(cfg.token_loads > 1):
-                    xv2 = cute.make_tensor(a_row2 + word, cute.make_layout(4)).load()
-                    x2 = [xv2[e] & keep2 & inside for e in range(4)]
-                xs.append((x, x2))
+            xv = cute.make_tensor(a_row + word, cute.make_layout(4)).load()
+            x = [xv[e] & keep & inside for e in range(4)]
+            x2 = None
+            if cutlass.const_expr(cfg.token_loads > 1):
+                xv2 = cute.make_tensor(a_row2 + word, cute.make_layout(4)).load()
+                x2 = [xv2[e] & keep2 & inside for e in range(4)]
             for t in cutlass.range_constexpr(cfg.mma_tiles):
                 v = cute.arch.inline_ptx(
                     ldg_stream_ptx(cfg.fetch), write_only_types=[cutlass.Int32] * 4,
                     read_only_args=[(w_rows[t] + word).toint()],
                 )
-                for h, (x, x2) in enumerate(xs):
-                    mma_pair(acc, h * cfg.mma_tiles + t, x, [v[e] & inside for e in range(4)], zero, x2)
+                mma_pair(acc, t, x, [v[e] & inside for e in range(4)], zero, x2)
 
     @cute.jit
     def mma_stage(self, wbuf, xbuf, acc, buf, tokens):
         """Two MMAs per step and tile on buffer ``buf`` (the first waits for its loads)."""
         cfg = self.cfg
-        _, keep, _, keep2, _ = tokens
-        TL = cfg.token_loads
+        _, keep, _, keep2 = tokens
         zero = mma_zero()
         for u in cutlass.range_constexpr(cfg.unroll):
-            for h in cutlass.range_constexpr(cfg.token_groups):
-                x = [xbuf[buf, u, 4 * TL * h + e] & keep for e in range(4)]
-                x2 = None
-                if cutlass.const_expr(TL > 1):
-                    x2 = [xbuf[buf, u, 4 * TL * h + 4 + e] & keep2 for e in range(4)]
-                for t in cutlass.range_constexpr(cfg.mma_tiles):
-                    mma_pair(acc, h * cfg.mma_tiles + t, x, [wbuf[buf, u, t, e] for e in range(4)], zero, x2)
+            x = [xbuf[buf, u, e] & keep for e in range(4)]
+            x2 = None
+            if cutlass.const_expr(cfg.token_loads > 1):
+                x2 = [xbuf[buf, u, 4 + e] & keep2 for e in range(4)]
+            for t in cutlass.range_constexpr(cfg.mma_tiles):
+                mma_pair(acc, t, x, [wbuf[buf, u, t, e] for e in range(4)], zero, x2)
 
 # Shared with kernels/skinny_bulk.py, which feeds the same MMAs from shared memory.
 
@@ -443,17 +428,14 @@ def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
             (cfg.groups, WK, M, cfg.cols, S), stride=(WK * M * cfg.cols * S, M * cfg.cols * S, cfg.cols * S, S, 1)
         ),
     )
-    MG = M // cfg.token_groups  # tokens per group: group hg's A row i is token hg * MG + i // S
-    for hg in cutlass.range_constexpr(cfg.token_groups):
-        for t in cutlass.range_constexpr(cfg.mma_tiles):
-            for h in cutlass.range_constexpr(cfg.token_loads):
-                for e in cutlass.range_constexpr(2):
-                    i = g + MMA_ROWS * h
-                    j = 2 * q + e
-                    if i % S == j % S:
-                        if i // S < MG:
-                            sRed[grp, wk, hg * MG + i // S, t * (MMA_ROWS // S) + j // S, j % S] = \
-                                acc[hg * cfg.mma_tiles + t, 2 * h + e]
+    for t in cutlass.range_constexpr(cfg.mma_tiles):
+        for h in cutlass.range_constexpr(cfg.token_loads):
+            for e in cutlass.range_constexpr(2):
+                i = g + MMA_ROWS * h
+                j = 2 * q + e
+                if i % S == j % S:
+                    if i // S < M:
+                        sRed[grp, wk, i // S, t * (MMA_ROWS // S) + j // S, j % S] = acc[t, 2 * h + e]
     cute.arch.sync_threads()
     slot = wk * WARP + lane  # this thread's place in its group
     if slot < M * cfg.cols:

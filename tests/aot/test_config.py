@@ -138,7 +138,6 @@ def _variants(cfg):
         "slices": 2,
         "bias": True,
         "tail": True,
-        "token_groups": 2,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes
@@ -207,10 +206,6 @@ def test_m_above_8_doubles_the_unsliced_reduction_buffers():
         # 16 tokens x 2 columns: 32 + 2 x 18 x 4 = 176 registers
         ({"m": 16, "threads": 256, "k_threads": 256, "cols": 2, "unroll": 2}, "register budget"),
         ({"m": 16, "threads": 256, "cols": 8, "slices": 2, **MMA}, "slices"),
-        ({"m": 16, "threads": 256, "cols": 8, "token_groups": 2, **MMA}, "token groups"),  # unsliced
-        ({"m": 6, "threads": 256, "cols": 4, "slices": 2, "token_groups": 4, **MMA}, "token groups"),  # 6 % 4
-        ({"m": 16, "threads": 256, "cols": 4, "slices": 4, "token_groups": 2, **MMA}, "slices"),  # 8 x 4 rows
-        ({"m": 16, "threads": 256, "cols": 4, "slices": 2, "token_groups": 3, **MMA}, "token groups"),
     ],
 )
 def test_new_fields_name_their_rule(kwargs, rule):
@@ -315,16 +310,3 @@ def test_json_leaves_new_fields_out_when_off():
     on = dataclasses.replace(cfg, bias=True, tail=True)
     assert on.to_json()["bias"] is True and on.to_json()["tail"] is True
     assert KernelConfig.from_json(on.to_json()) == on and KernelConfig.from_json(cfg.to_json()) == cfg
-
-
-def test_token_groups_put_16_tokens_on_sliced_tiles():
-    """m / token_groups tokens x slices fill the A side; each group loads its own tokens and holds its accumulators."""
-    cfg = KernelConfig(m=16, kind="mma", threads=256, k_threads=256, cols=8, unroll=1, stages=2, prefetch=False,
-                       slices=2, token_groups=2)
-    cfg.check(n=38720, k=4096)
-    assert (cfg.mma_tiles, cfg.token_loads, cfg.name.endswith("_sl2_tg2")) == (2, 2, True)
-    one = KernelConfig(m=8, kind="mma", threads=256, k_threads=256, cols=8, unroll=1, stages=2, prefetch=False,
-                       slices=2)
-    # twice the accumulators and token words of the one-group tile, the same weight words
-    assert cfg.register_rule[0] == one.register_rule[0] + 4 * 2 + 2 * 4 * 2
-    assert "token_groups" not in one.to_json() and cfg.to_json()["token_groups"] == 2

@@ -26,11 +26,6 @@ CASES = [
     (KernelConfig(m=12, threads=256, k_threads=128, cols=16, **MMA), 32, 2048),
     (KernelConfig(m=16, threads=256, k_threads=256, cols=8, **MMA), 16, 4096),
     (KernelConfig(m=16, threads=256, k_threads=256, cols=1, unroll=2), 4, 4096),
-    # token groups: 16 tokens on sliced tiles, the groups sharing each weight fragment
-    (KernelConfig(m=16, threads=128, k_threads=128, cols=4, slices=2, token_groups=2, tail=True, **MMA), 4 + 1, 3696),
-    (KernelConfig(m=16, threads=256, k_threads=256, cols=2, slices=4, token_groups=4, **MMA), 4, 4096),
-    (KernelConfig(m=8, threads=128, k_threads=128, cols=2, slices=4, token_groups=2, **MMA), 4, 2048),
-    (KernelConfig(m=12, threads=256, k_threads=256, cols=8, slices=2, token_groups=2, tail=True, **MMA), 8 + 3, 2880),
 ]
 
 
@@ -54,4 +49,3 @@ def test_negative_control_without_the_tail_misses_k(cfg, n, k):
     assert k % plain.k_step, "every tail case has a K tail"
     counts, _, _ = coverage(plain, n // plain.cols_per_cta * plain.cols_per_cta, k)
     assert not (counts == 1).all()
-
