@@ -42,6 +42,11 @@ CONFIRM_MARGIN = 0.005
 CONFIRM_TRIALS = 3
 
 
+def confirm_replays(trials: int, confirm_trials: int | None) -> int:
+    """The confirm step's replays per graph: ``confirm_trials``, default CONFIRM_TRIALS x the phase's ``trials`` (0: none)."""
+    return CONFIRM_TRIALS * trials if confirm_trials is None else confirm_trials
+
+
 def twin(cfg: KernelConfig) -> KernelConfig:
     """``cfg`` launched without PDL: ``early`` and ``persist`` need PDL, so they go too."""
     return dataclasses.replace(cfg, pdl=False, early=False, persist=0)
@@ -147,8 +152,7 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
 
     from .tune import isolated_winners
 
-    if confirm_trials is None:
-        confirm_trials = CONFIRM_TRIALS * trials
+    confirm_trials = confirm_replays(trials, confirm_trials)
     cells = {(r["n"], r["k"], r["m"]): r for r in rows}
     alone = {key: (isolated_winners(r) or [None])[0] for key, r in cells.items()}
     choice = dict(alone)

@@ -45,6 +45,7 @@ from .decode_phase import (  # noqa: F401 (decode_phase, family and the constant
     DECODE_PASSES,
     DECODE_TOP,
     FAMILY_MARGIN,
+    confirm_replays,
     decode_phase,
     family,
     model_steps,
@@ -222,9 +223,10 @@ def measure(
         torch.cuda.empty_cache()
     bar.close()
     in_step = decode_top > 1 and bool(spec.get("decode"))
+    confirms = confirm_replays(trials, confirm_trials)
     if in_step:
         decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress, decode_passes,
-                     None if read_cap_mb is None else read_cap_mb << 20, confirm_trials)
+                     None if read_cap_mb is None else read_cap_mb << 20, confirms)
     data = {
         "arch": arch,
         "gpu": gpu,
@@ -234,7 +236,6 @@ def measure(
         "cells": out_rows,
     }
     if in_step:
-        confirms = CONFIRM_TRIALS * trials if confirm_trials is None else confirm_trials
         data["decode_method"] = (
             f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) and their no-PDL twins "
             "(PDL on and off compete in every cell) timed inside one CUDA graph of the "
