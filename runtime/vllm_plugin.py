@@ -16,8 +16,12 @@ methods of vLLM's own classes at run time, never its files:
 - ``BaseModelLoader.load_model``: after a model is loaded, the routes are put
   into vLLM's compile-cache key (``key_compile_cache``).
 - the workers' ``compile_or_warm_up_model``: after vLLM's profile and warm-up
-  runs, one summary line (runtime/vllm_summary.py) says what was routed and how
-  often each routed (shape, M) was really called.
+  runs, one summary line (runtime/vllm_summary.py) says what was routed, how
+  often each routed (shape, M) launched our kernel (graph captures included)
+  and, as a warning, every fallback at a planned M with its reason;
+- the workers' ``shutdown``: the same line again, with the counts of the decode
+  steps served since (eager launches such as the LM head's; a CUDA graph's
+  replays run no host code and are not counted).
 
 Nothing here imports vLLM at import time, cutlass, or compiles anything.
 """
@@ -33,7 +37,7 @@ import sys
 import torch
 
 from . import vllm_routes as routes
-from .vllm_summary import LOG_PREFIX, summary
+from .vllm_summary import FELL_BACK, LOG_PREFIX, summary
 
 ENV_SWITCH = "SKINNY_GEMM_VLLM"
 # The key of the routes in vLLM's additional_config (key_compile_cache).
@@ -74,7 +78,10 @@ def _hooks() -> dict[str, list]:
         ],
         "vllm.model_executor.model_loader.base_loader": [("BaseModelLoader", "load_model", _after_model_loaded)],
         # CPUWorker overrides the method without calling Worker's: both are hooked.
-        "vllm.v1.worker.gpu_worker": [("Worker", "compile_or_warm_up_model", _after_warm_up)],
+        "vllm.v1.worker.gpu_worker": [
+            ("Worker", "compile_or_warm_up_model", _after_warm_up),
+            ("Worker", "shutdown", _at_shutdown),
+        ],
         "vllm.v1.worker.cpu_worker": [("CPUWorker", "compile_or_warm_up_model", _after_warm_up)],
     }
 
@@ -172,19 +179,37 @@ def _after_model_loaded(original):
     return load_model
 
 
+def _log_summary(worker, when: str) -> None:
+    """Log the summary line of ``worker``'s model (a warning when a routed layer fell back at a planned M)."""
+    runner = getattr(worker, "model_runner", None)
+    # A worker without a model (not loaded, or a runner with none): nothing to report. get_model()
+    # unwraps vLLM's CUDA-graph wrappers.
+    model = runner.get_model() if getattr(runner, "model", None) is not None else None
+    if isinstance(model, torch.nn.Module):
+        line = summary(model)
+        (logger.warning if FELL_BACK in line else logger.info)("%s (%s)", line, when)
+
+
 def _after_warm_up(original):
     @functools.wraps(original)
     def compile_or_warm_up_model(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        runner = getattr(self, "model_runner", None)
-        # A worker without a model (not loaded, or a runner with none): nothing to report. get_model()
-        # unwraps vLLM's CUDA-graph wrappers.
-        model = runner.get_model() if getattr(runner, "model", None) is not None else None
-        if isinstance(model, torch.nn.Module):
-            logger.info("%s", summary(model))
+        _log_summary(self, "after warm-up")
         return result
 
     return compile_or_warm_up_model
+
+
+def _at_shutdown(original):
+    @functools.wraps(original)
+    def shutdown(self, *args, **kwargs):
+        try:
+            _log_summary(self, "at shutdown")
+        except Exception:  # noqa: BLE001  (a report must never stop vLLM's shutdown)
+            logger.exception("%s no summary at shutdown", LOG_PREFIX)
+        return original(self, *args, **kwargs)
+
+    return shutdown
 
 
 def key_compile_cache(vllm_config, model: torch.nn.Module) -> None:

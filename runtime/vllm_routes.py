@@ -4,7 +4,8 @@
 plans for its GPU and vLLM's own claims on it; ``install_route`` records the
 decision on the layer and, where it routes, puts a ``RoutedApply`` in front of
 its quant method's ``apply``. That forward sends planned M to
-``skinny_gemm.linear`` and counts each call (``CALLS``, read by the summary line).
+``skinny_gemm.linear``, whose dispatch counts what launched and what fell back
+(runtime/counters.py; the summary line reads those counts).
 
 Everything that touches vLLM is imported inside the functions that need it, so
 this module and the forward it installs import without vLLM: the GPU tests run
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -35,9 +35,6 @@ OP_NAMESPACE = "skinny_gemm_vllm"
 # (n, k, device) -> the planned token counts. A module global so that tests can
 # swap in a plan table of their own.
 planned_ms = api.planned_ms
-
-# (n, k, m) -> calls that reached skinny_gemm.linear through a route in this process.
-CALLS: Counter = Counter()
 
 # Attributes by which vLLM's own low-latency GEMMs claim a layer inside its forward,
 # bypassing quant_method.apply (DeepSeekV2FusedQkvAProjLinear's dsv3_fused_a_gemm).
@@ -76,24 +73,21 @@ class RoutedApply:
         """Same signature and result as vLLM's ``apply(layer, x, bias)``."""
         match = getattr(layer, LAYER_ATTR, None)
         if match is not None and match.routed and x.dtype == layer.weight.dtype:
-            # vLLM's weights are Parameter subclasses (ModelWeightParameter);
-            # skinny_gemm.linear launches only on plain tensors, which
-            # detach() gives without a copy.
+            # vLLM's weights are Parameter subclasses (ModelWeightParameter). Eager,
+            # detach() gives a plain tensor without a copy; under Inductor the op
+            # still receives vLLM's class, which the dispatch accepts (ops.storage_kind).
             if torch.compiler.is_compiling():
-                # The token count is symbolic here: branching or counting on it
-                # would bake one size into the graph (vLLM drops the guards).
-                # The opaque op counts and picks plan or F.linear at run time,
-                # as vLLM's own path (F.linear on CUDA) would compute.
+                # The token count is symbolic here: branching on it would bake
+                # one size into the graph (vLLM drops the guards). The opaque op
+                # picks plan or F.linear at run time, as vLLM's own path
+                # (F.linear on CUDA) would compute.
                 return torch.ops.skinny_gemm_vllm.routed_linear(x, layer.weight.detach(), bias)
-            m = x.numel() // match.k
-            if m in match.ms:
-                CALLS[(match.n, match.k, m)] += 1
+            if x.numel() // match.k in match.ms:
                 return api.linear(x, layer.weight.detach(), bias)
         return self.original(layer, x, bias)
 
 
 def _routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    CALLS[(weight.shape[0], weight.shape[1], x.numel() // x.shape[-1])] += 1
     return api.linear(x, weight, bias)
 
 

@@ -20,7 +20,7 @@ from helpers.reference import (
     random_tensor,
 )
 
-from skinny_gemm.runtime import api, ops, vllm_routes
+from skinny_gemm.runtime import api, counters, ops
 from skinny_gemm.runtime.vllm_routes import (
     ROUTED,
     LayerMatch,
@@ -124,16 +124,18 @@ def test_routed_forward_matches_f_linear_under_graph_replay(fallbacks):
 
 
 @torch.no_grad()
-def test_compiled_route_launches_the_plan_under_graph_replay_and_counts_it(fallbacks, monkeypatch):
-    """vLLM's compiled graph calls the plugin's opaque op for every M: it must run the plan and count the call."""
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_route_launches_the_plan_under_graph_replay_and_counts_it(fallbacks, monkeypatch, backend):
+    """vLLM's compiled graph calls the plugin's opaque op for every M: it must run the plan and count the launch.
+    Under Inductor the op receives the layer's Parameter subclass itself, as in vLLM."""
     calls = Counter()
-    monkeypatch.setattr(vllm_routes, "CALLS", calls)
+    monkeypatch.setattr(counters, "LAUNCHES", calls)
     gen = torch.Generator(device="cuda").manual_seed(2)
     # Three shapes keep the compile time short; the op and its dispatch are the same for all.
     for (n, k), ms in _planned_shapes()[:3]:
         w = random_tensor((n, k), "cuda", 0.05, generator=gen)
         layer, method = _routed_layer(w, ms)
-        compiled = torch.compile(lambda x, layer=layer, method=method: method.apply(layer, x), backend="aot_eager",
+        compiled = torch.compile(lambda x, layer=layer, method=method: method.apply(layer, x), backend=backend,
                                  dynamic=True, fullgraph=True)
         for m in sorted(ms):
             static_x = random_tensor((m, k), "cuda", generator=gen)

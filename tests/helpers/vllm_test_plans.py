@@ -1,4 +1,4 @@
-"""A test-only vLLM general plugin: makes the tiny model's every linear matter and run through the routed forward.
+"""A test-only vLLM general plugin: makes the tiny model's every linear matter and run our whole dispatch path.
 
 vLLM spawns its worker processes, so a test cannot patch them from outside;
 vLLM loads this plugin in each of them, as it loads skinny-gemm's. It does
@@ -12,23 +12,27 @@ four things there:
 - re-initialises vLLM's dummy weights after loading (unit norms, N(0, 1/K)
   matrices, zero biases): its uniform +-1e-3 weights make a tiny model's
   decoder layers vanish in bf16, so a wrong layer would change nothing;
-- replaces ``skinny_gemm.linear`` with a double that records every call's
-  (N, K, M) and returns F.linear's result, or that result scaled by
-  ``WRONG_SCALE`` for the one weight shape ``set_wrong`` names (the negative
-  control). The double runs eagerly in every mode: under torch.compile the
-  route calls it from inside its opaque op.
+- makes the CPU a GPU for skinny_gemm's dispatch: CPU tensors pass its device
+  check, the plan table above is GPU -1's (a CPU tensor's ``get_device()``),
+  and the one driver call (``ops._launch``) is a fake launch that reads the
+  tokens and the weight through the raw pointers the dispatch hands it and
+  writes F.linear's result through the output pointer, or that result scaled
+  by ``WRONG_SCALE`` for the one weight shape ``set_wrong`` names (the
+  negative control). Every dispatch check runs as on a GPU, on the tensors
+  vLLM passes (under torch.compile: its parameter class); the dispatch's own
+  counters (skinny_gemm.counters) say what launched and what fell back.
 """
 
+import ctypes
 import functools
 import importlib.util
 import json
+import operator
 import os
 import sys
 import zlib
-from collections import Counter
+from types import SimpleNamespace
 
-# (n, k, m) of every skinny_gemm.linear call made through the plugin in this process.
-calls = Counter()
 # The (n, k) whose routed output the double scales, or None.
 wrong = None
 WRONG_SCALE = 1.5
@@ -38,21 +42,59 @@ def register():
     """vLLM's general-plugin entry point (declared by vllm_engine_run.make_site)."""
     _plain_cpu_linears()
     _meaningful_dummy_weights()
-    if os.environ.get("SKINNY_GEMM_VLLM") == "0" or importlib.util.find_spec("skinny_gemm") is None:
+    if (os.environ.get("SKINNY_GEMM_VLLM") == "0" or importlib.util.find_spec("skinny_gemm") is None
+            or "SKINNY_GEMM_TEST_PLANS" not in os.environ):  # on a GPU: the real plans and kernels
         return
-    from skinny_gemm.runtime import api, vllm_routes
+    from skinny_gemm.runtime import vllm_routes
 
     table = {(n, k): tuple(ms) for n, k, ms in json.loads(os.environ.get("SKINNY_GEMM_TEST_PLANS", "[]"))}
     vllm_routes.planned_ms = lambda n, k, device=None: table.get((n, k), ())
-    real_linear = api.linear
+    cpu_as_gpu(table)
 
-    def recording_linear(x, weight, bias=None, residual=None):
-        n, k = weight.shape
-        calls[(n, k, x.numel() // k)] += 1
-        y = real_linear(x, weight, bias, residual)
-        return y * WRONG_SCALE if wrong == (n, k) else y
 
-    api.linear = recording_linear
+def cpu_as_gpu(table: dict, monkeypatch=None) -> None:
+    """Point skinny_gemm's dispatch at CPU tensors, with launch records for ``table`` ((n, k) -> M) and a fake launch
+    (through pytest's ``monkeypatch`` where given, so that a unit test undoes it)."""
+    from skinny_gemm.runtime import counters, loader, ops
+
+    config = SimpleNamespace(bias=False)
+    records = {
+        (n, k, m): SimpleNamespace(n=n, k=k, m=m, variant=SimpleNamespace(config=config))
+        for (n, k), ms in table.items()
+        for m in ms
+    }
+    patch = monkeypatch.setattr if monkeypatch is not None else setattr
+    patch(ops, "_on_gpu", operator.attrgetter("is_cpu"))
+    patch(loader.STATE, "loaded", True)
+    patch(ops, "_launch", fake_launch)
+    device = SimpleNamespace(table=records, library=SimpleNamespace(manifest=SimpleNamespace(plans=dict(records))))
+    if monkeypatch is not None:
+        monkeypatch.setitem(loader.DEVICES, -1, device)
+        monkeypatch.setattr(counters, "LAUNCHES", type(counters.LAUNCHES)())
+        monkeypatch.setattr(counters, "FALLBACKS", type(counters.FALLBACKS)())
+    else:
+        loader.DEVICES[-1] = device
+
+
+def _memory(address: int, count: int):
+    """``count`` bf16 values at ``address`` as a writable CPU tensor (no copy)."""
+    import torch
+
+    return torch.frombuffer((ctypes.c_byte * (2 * count)).from_address(address), dtype=torch.bfloat16)
+
+
+def fake_launch(rec, idx, a, w, out, extra):
+    """The kernel's work from its raw pointers, on CPU: out = a @ w^T (+ extra as the residual); returns 0 (success)."""
+    import torch.nn.functional as F
+
+    n, k, m = rec.n, rec.k, rec.m
+    y = F.linear(_memory(a, m * k).view(m, k), _memory(w, n * k).view(n, k))
+    if extra:
+        y = y + _memory(extra, m * n).view(m, n)
+    if wrong == (n, k):
+        y = y * WRONG_SCALE
+    _memory(out, m * n).copy_(y.reshape(-1))
+    return 0
 
 
 def _plain_cpu_linears():
@@ -119,15 +161,15 @@ def report(model):
         "cutlass_imported": any(m == "cutlass" or m.startswith("cutlass.") for m in sys.modules),
         "skinny_modules": sorted(m for m in sys.modules if m.startswith("skinny_gemm")),
         "matches": {},
-        "calls": [[n, k, m, c] for (n, k, m), c in sorted(calls.items())],
-        "plugin_calls": [],
+        "counters": {"launches": [], "fallbacks": []},
         "summary": None,
     }
     if "skinny_gemm.runtime.vllm_plugin" in sys.modules:
+        import skinny_gemm
         from skinny_gemm.runtime import vllm_routes, vllm_summary
 
         for name, (cls, m) in vllm_routes.layer_matches(model).items():
             found["matches"][name] = [cls, m.n, m.k, sorted(m.ms), m.outcome]
-        found["plugin_calls"] = [[n, k, m, c] for (n, k, m), c in sorted(vllm_routes.CALLS.items())]
+        found["counters"] = skinny_gemm.counters()
         found["summary"] = vllm_summary.summary(model)
     return found

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import skinny_gemm
-from skinny_gemm.runtime import loader, ops
+from skinny_gemm.runtime import counters, loader, ops
 
 BF16 = torch.bfloat16
 
@@ -30,6 +32,30 @@ def test_eager_is_not_tracing():
 def test_plan_is_none_off_gpu():
     x, w = torch.randn(1, 64, dtype=BF16), torch.randn(32, 64, dtype=BF16)
     assert ops.plan(x, w) is None
+
+
+class _TorchFunctionOnly(torch.nn.Parameter):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_storage_kind_is_the_one_rule_for_tensor_subclasses():
+    """Tensors whose data pointer is their values: plain, Parameter, and subclasses that leave __torch_dispatch__
+    alone (vLLM's parameter classes). Anything with its own __torch_dispatch__, and non-tensors, fall back."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    w = torch.randn(4, 8, dtype=BF16)
+    assert ops.storage_kind(w) and ops.storage_kind(torch.nn.Parameter(w, requires_grad=False))
+    assert ops.storage_kind(_TorchFunctionOnly(w, requires_grad=False))
+    assert not ops.storage_kind(TwoTensor(w, w.clone()))
+    with FakeTensorMode() as mode:
+        assert not ops.storage_kind(mode.from_tensor(w))
+    assert not ops.storage_kind(3.0) and not ops.storage_kind([w])
+    # The rule's effect: a TwoTensor weight goes to F.linear (which knows what it means), counted as "type".
+    before = counters.FALLBACKS[(4, 8, 2, counters.TYPE)]
+    ops.run(torch.randn(2, 8, dtype=BF16), TwoTensor(w, w))
+    assert counters.FALLBACKS[(4, 8, 2, counters.TYPE)] == before + 1
 
 
 def ops_in(gm):
@@ -177,11 +203,13 @@ class FakeCuda:
 @pytest.fixture
 def fake_dispatch(monkeypatch, fresh, art):
     """ops.run against a FakeDriver GPU, with FakeCuda tensors; returns (fake driver, fallback calls, a planned key)."""
-    monkeypatch.setattr(ops, "_PLAIN", ops._PLAIN + (FakeCuda,))
+    monkeypatch.setitem(ops._KINDS, FakeCuda, True)
     monkeypatch.setattr(ops, "_raw_stream", lambda idx: 1234)
     monkeypatch.setattr(ops, "_current_device", lambda: 0)
     fallbacks = []
     monkeypatch.setattr(ops, "fallback", lambda *args: fallbacks.append(args) or "fallback")
+    monkeypatch.setattr(counters, "LAUNCHES", Counter())
+    monkeypatch.setattr(counters, "FALLBACKS", Counter())
     fake = fresh()
     key = next(key for key, rec in sorted(loader.DEVICES[0].table.items()) if rec.variant.pdl and key[2] > 1)
     return fake, fallbacks, key
@@ -206,6 +234,7 @@ def test_eager_dispatch_launches_with_the_right_arguments(fake_dispatch):
      "zero-tensor x", "zero-tensor w", "forward AD"],
 )
 def test_eager_dispatch_falls_back(fake_dispatch, case):
+    """Each fallback is counted under its (N, K, M) and reason; the control launch under launches."""
     fake, fallbacks, (n, k, m) = fake_dispatch
     x, w, r = FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000), None
     if case == "misaligned x":
@@ -228,16 +257,27 @@ def test_eager_dispatch_falls_back(fake_dispatch, case):
         x.ptr = 0  # a ZeroTensor has no storage: data_ptr() 0, aligned, contiguous
     elif case == "zero-tensor w":
         w.ptr = 0
-    elif case == "forward AD":
+    if case == "forward AD":
         from torch.autograd import forward_ad
 
         with forward_ad.dual_level():  # a dual tensor's tangent needs F.linear
             assert ops.run(x, w, r) == "fallback" and len(fallbacks) == 1 and fake.launches == []
-        return
-    assert ops.run(x, w, r) == "fallback" and len(fallbacks) == 1 and fake.launches == []
+    else:
+        assert ops.run(x, w, r) == "fallback" and len(fallbacks) == 1 and fake.launches == []
+    calls = m + 64 if case == "unplanned m" else m
+    assert counters.snapshot() == {"launches": [], "fallbacks": [[n, k, calls, FALLBACK_REASON[case], 1]]}
     # the control: the same call with nothing wrong launches
     ok = ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000), None)
     assert ok != "fallback" and len(fake.launches) == 1
+    assert counters.snapshot()["launches"] == [[n, k, m, 1]]
+
+
+FALLBACK_REASON = {
+    "misaligned x": counters.ALIGNMENT, "misaligned w": counters.ALIGNMENT, "strided x": counters.CONTIGUITY,
+    "neg x": counters.CONTIGUITY, "fp16": counters.DTYPE, "unplanned m": counters.NOT_PLANNED,
+    "residual shape": counters.SHAPE, "residual misaligned": counters.ALIGNMENT, "zero-tensor x": counters.ALIGNMENT,
+    "zero-tensor w": counters.ALIGNMENT, "forward AD": counters.AUTOGRAD,
+}
 
 
 def test_failed_launch_warns_once_and_falls_back(fake_dispatch, monkeypatch):
@@ -248,6 +288,7 @@ def test_failed_launch_warns_once_and_falls_back(fake_dispatch, monkeypatch):
         assert ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000)) == "fallback"
     assert (n, k, m) not in loader.DEVICES[0].table
     assert ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000)) == "fallback"
+    assert counters.snapshot() == {"launches": [], "fallbacks": [[n, k, m, counters.REFUSED, 2]]}
 
 
 def test_failed_launch_under_warnings_as_errors_still_falls_back(fake_dispatch, monkeypatch):
@@ -278,7 +319,7 @@ def new_paths_built(tmp_path_factory):
 def bias_dispatch(monkeypatch, fresh, new_paths_built):
     """ops.run against a FakeDriver H200 loaded with the new-path variants; returns (fake driver, fallback calls)."""
     monkeypatch.setenv(loader.ENV_ARTIFACTS, str(new_paths_built))
-    monkeypatch.setattr(ops, "_PLAIN", ops._PLAIN + (FakeCuda,))
+    monkeypatch.setitem(ops._KINDS, FakeCuda, True)
     monkeypatch.setattr(ops, "_raw_stream", lambda idx: 1234)
     monkeypatch.setattr(ops, "_current_device", lambda: 0)
     fallbacks = []

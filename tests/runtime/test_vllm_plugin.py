@@ -21,8 +21,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import vllm_test_plans
 
-from skinny_gemm.runtime import api, vllm_plugin, vllm_routes
+from skinny_gemm.runtime import api, counters, vllm_plugin, vllm_routes, vllm_summary
 from skinny_gemm.runtime.vllm_plugin import LOG_PREFIX
 from skinny_gemm.runtime.vllm_routes import (
     LayerMatch,
@@ -112,10 +113,15 @@ def test_routed_apply_sends_planned_m_with_or_without_bias_to_skinny_gemm(linear
 
 @pytest.fixture
 def fresh_calls(monkeypatch):
-    """The plugin's per-process call counter, empty for the test."""
-    calls = Counter()
-    monkeypatch.setattr(vllm_routes, "CALLS", calls)
-    return calls
+    """What the dispatch counted in the test, with the CPU as a GPU whose plans are the test layers' (64, 32) at
+    M = 1, 2 and (256, 128), (1024, 128), (384, 128) as in the summary test (helpers/vllm_test_plans.py)."""
+    vllm_test_plans.cpu_as_gpu({(64, 32): (1, 2), (256, 128): (1, 2), (1024, 128): (1,), (384, 128): (4,)},
+                               monkeypatch)
+
+    def launched():
+        return {(n, k, m): c for n, k, m, c in counters.snapshot()["launches"]}
+
+    return launched
 
 
 def test_unrouted_layer_keeps_vllm_apply_and_shared_method_routes_per_layer(linear_calls, fresh_calls):
@@ -128,15 +134,15 @@ def test_unrouted_layer_keeps_vllm_apply_and_shared_method_routes_per_layer(line
     assert isinstance(method.apply, RoutedApply) and not isinstance(method.apply.original, RoutedApply)
     x = torch.randn(1, 32).bfloat16()
     method.apply(layer, x)
-    assert not linear_calls and not fresh_calls
+    assert not linear_calls and not fresh_calls()
     method.apply(routed, x)
-    assert linear_calls == {1: 1} and fresh_calls == {(64, 32, 1): 1}
+    assert linear_calls == {1: 1} and fresh_calls() == {(64, 32, 1): 1}
 
 
 def test_routed_apply_compiles_to_one_graph_for_every_token_count(fresh_calls):
     # vLLM compiles with a symbolic token count and drops dynamo's guards: a
     # branch on M inside the route would be baked in for every size. The
-    # opaque op counts each call at run time with its concrete M.
+    # opaque op decides each call at run time with its concrete M.
     layer, method = _layer(64, 32, ms=(2,))
     compiled = torch.compile(lambda x: method.apply(layer, x), backend="eager", dynamic=True, fullgraph=True)
     x = torch.randn(2, 32).bfloat16()
@@ -145,7 +151,8 @@ def test_routed_apply_compiles_to_one_graph_for_every_token_count(fresh_calls):
         for m in (3, 5, 2):
             x = torch.randn(m, 32).bfloat16()
             torch.testing.assert_close(compiled(x), F.linear(x, layer.weight), rtol=0, atol=0)
-    assert fresh_calls == {(64, 32, 2): 2, (64, 32, 3): 1, (64, 32, 5): 1}
+    assert fresh_calls() == {(64, 32, 2): 2}
+    assert counters.snapshot()["fallbacks"] == [[64, 32, 3, "not planned", 1], [64, 32, 5, "not planned", 1]]
 
 
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
@@ -180,7 +187,7 @@ def _model_with(*matches):
     return model
 
 
-def test_summary_line_counts_the_calls_of_a_known_forward(fresh_calls):
+def test_summary_line_counts_the_launches_of_a_known_forward(fresh_calls):
     """A forward with known calls: qkv twice per step at M=1 (3 steps) and M=2 (1 step), the head once per step."""
     qkv = [LayerMatch(f"model.layers.{i}.self_attn.qkv_proj", 256, 128, frozenset({1, 2}), "routed") for i in (0, 1)]
     head = LayerMatch("lm_head", 1024, 128, frozenset({1}), "routed")
@@ -204,17 +211,62 @@ def test_summary_line_counts_the_calls_of_a_known_forward(fresh_calls):
         x = torch.randn(m, 128).bfloat16()
         for layer in layers:
             method.apply(layer, x)
-    assert fresh_calls == {(256, 128, 1): 6, (256, 128, 2): 2, (1024, 128, 1): 3}, "M=2 is not planned for the head"
+    assert fresh_calls() == {(256, 128, 1): 6, (256, 128, 2): 2, (1024, 128, 1): 3}, "M=2 is not planned for the head"
     assert vllm_plugin.summary(model) == (
         f"{LOG_PREFIX} cpu (no GPU): routed 4 of 8 unquantized layers: "
         "(1024, 128) lm_head x1 M=1, (384, 128) gate_up_proj x1 M=4, (256, 128) qkv_proj x2 M=1,2; "
-        "calls: (1024, 128) M=1 x3, (256, 128) M=1 x6, M=2 x2; "
-        "never called: (384, 128) gate_up_proj x1; "
+        "launches (a CUDA graph's counted once, at capture): (1024, 128) M=1 x3, (256, 128) M=1 x6, M=2 x2; "
+        "fallbacks at planned M: none; "
+        "never launched: (384, 128) gate_up_proj x1; "
         "no plan: (128, 192) down_proj x1 float16, (128, 128) o_proj x1 bfloat16; "
         "skipped (dtype float16): (128, 192) down_proj x1; "
         "vLLM's own kernel: (2112, 128) fused_qkv_a_proj x1; "
         "left alone (MoE router): (64, 128) gate x1 bfloat16"
     )
+
+
+def test_summary_line_says_loudly_when_a_routed_layer_fell_back_at_a_planned_m(fresh_calls):
+    head = LayerMatch("lm_head", 1024, 128, frozenset({1}), "routed")
+    model = _model_with(head)
+    layer = model.m0
+    layer.weight.data = layer.weight.data.bfloat16()
+    method = _Method()
+    install_route(method, layer, head)
+    method.apply(layer, torch.randn(1, 128).bfloat16())
+    method.apply(layer, torch.randn(128, 2).bfloat16().t()[:1])  # M = 1, but a strided view: F.linear
+    line = vllm_plugin.summary(model)
+    assert "launches (a CUDA graph's counted once, at capture): (1024, 128) M=1 x1; " in line
+    assert f"; {vllm_summary.FELL_BACK}: (1024, 128) M=1 x1 (contiguity); " in line
+
+
+class _TorchFunctionParameter(torch.nn.Parameter):
+    """Like vLLM's BasevLLMParameter family: a Parameter subclass that overrides only __torch_function__."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_compiled_route_launches_on_a_parameter_subclass(fresh_calls, backend):
+    """Under Inductor the op receives the layer's Parameter subclass itself (not detach()'s plain tensor); the
+    dispatch accepts it and launches (the fake launch of helpers/vllm_test_plans.py, reading the raw pointers)."""
+    torch._dynamo.reset()
+    layer, method = _layer(64, 32, ms=(1, 2))
+    layer.weight = _TorchFunctionParameter(layer.weight.data, requires_grad=False)
+    seen = []
+    real = api.linear
+    api_linear = lambda x, w, b=None, r=None: seen.append(type(w)) or real(x, w, b, r)  # noqa: E731
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(api, "linear", api_linear)
+        compiled = torch.compile(lambda x: method.apply(layer, x), backend=backend, dynamic=True, fullgraph=True)
+        for m in (1, 2, 1):
+            x = torch.randn(m, 32).bfloat16()
+            torch.testing.assert_close(compiled(x), F.linear(x, layer.weight.data), rtol=0, atol=0)
+    if backend == "inductor":
+        assert _TorchFunctionParameter in seen, "the case this test exists for: Inductor hands over the subclass"
+    assert fresh_calls() == {(64, 32, 1): 2, (64, 32, 2): 1}
+    assert counters.snapshot()["fallbacks"] == []
 
 
 def test_routes_key_the_compile_cache_only_when_something_is_routed():
@@ -396,14 +448,14 @@ def test_plugin_costs_a_process_that_loads_no_model_under_a_fifth_of_a_second():
 # ---- real vLLM engines ------------------------------------------------------
 #
 # What these prove on CPU: the plugin finds each planned layer of every kind in a real engine, installs
-# its route, and vLLM's forward calls it (every call is counted); the routed forward's result is what
-# the engine computes with (a scaled result changes the tokens or logprobs: the negative controls), in
-# eager mode and under vLLM's torch.compile; switched off or absent, nothing is touched. What only a GPU
-# can show: that the skinny kernels run there and match vLLM's GEMMs (tests/gpu/test_vllm_forward_gpu.py
-# checks the installed forward against F.linear, eager and under CUDA graphs), and CUDA-graph capture in
-# a real engine. On CPU the routed forward ends in F.linear: skinny_gemm.linear here is the test
-# double of helpers/vllm_test_plans.py, which records the call and returns F.linear's result (or a
-# scaled one for the negative control).
+# its route, vLLM's forward calls it, and skinny_gemm's whole dispatch runs on what vLLM hands it, every
+# check included, up to the one driver call: there helpers/vllm_test_plans.py's fake launch reads the
+# tokens and weight through the raw pointers and writes the product through the output pointer (the CPU
+# plays GPU -1). The dispatch's own counters say what launched; the launch's result is what the engine
+# computes with (a scaled result changes the tokens or logprobs: the negative controls), in eager mode and
+# under vLLM's torch.compile (Inductor); switched off or absent, nothing is touched. What only a GPU can
+# show: that the real kernels run there and match vLLM's GEMMs, under CUDA graphs
+# (tests/gpu/test_vllm_engine_gpu.py runs a real engine; tests/gpu/test_vllm_forward_gpu.py the forward).
 
 
 def _load_helper():
@@ -470,8 +522,8 @@ def engines(tmp_path_factory):
     return {name: _engine(tmp, name, s, model, e) for name, (s, e) in runs.items()}
 
 
-def _summary_lines(log: str) -> list[str]:
-    return [line for line in log.splitlines() if LOG_PREFIX in line]
+def _summary_lines(log: str, when: str = "(after warm-up)") -> list[str]:
+    return [line for line in log.splitlines() if LOG_PREFIX in line and line.endswith(when)]
 
 
 def _worker(run: dict) -> dict:
@@ -509,34 +561,26 @@ def test_engine_discovers_plugin_through_entry_point(engines):
 @needs_vllm
 @pytest.mark.slow
 @pytest.mark.parametrize("run", ["on", "on_compiled"])
-def test_every_planned_layer_is_routed_and_called(engines, run):
+def test_every_planned_layer_launches_at_every_planned_m(engines, run):
+    """Counted by the dispatch itself after its every check: under torch.compile vLLM hands the op its own
+    parameter class (ModelWeightParameter), which a dispatch accepting only plain tensors refuses (0 launches)."""
     worker = _worker(engines[run])
     assert set(worker["matches"]) == set(PLANNED_LAYERS)
     for name, (cls, n, k) in PLANNED_LAYERS.items():
         assert worker["matches"][name] == [cls, n, k, list(TEST_PLANS[(n, k)]), "routed"], name
-    double = {(n, k, m): c for n, k, m, c in worker["calls"]}
-    # Every kind reached skinny_gemm.linear at each of its planned decode M (M = 3, 2, 1: three prompts).
+    launched = {(n, k, m): c for n, k, m, c in worker["counters"]["launches"]}
+    # Every kind launched at each of its planned decode M (M = 3, 2, 1: three prompts).
     for (n, k), ms in TEST_PLANS.items():
-        called = {m for (cn, ck, m) in double if (cn, ck) == (n, k)}
-        assert set(ms) & {1, 2, 3} <= called, (n, k, called)
-    # The plugin's own counts (the summary's) are the double's, at the planned M.
-    planned = {(n, k, m): c for (n, k, m), c in double.items() if m in TEST_PLANS[(n, k)]}
-    assert {(n, k, m): c for n, k, m, c in worker["plugin_calls"] if m in TEST_PLANS[(n, k)]} == planned
-    # Two decoder layers: each of their shapes is called twice per forward.
-    assert all(c % 2 == 0 for (n, k, m), c in planned.items() if (n, k) != (1024, 128))
-    head = ", ".join(f"M={m} x{c}" for (n, k, m), c in sorted(planned.items()) if (n, k) == (1024, 128))
-    assert f"calls: (1024, 128) {head}, " in worker["summary"]
-    assert "never called" not in worker["summary"]
-
-
-@needs_vllm
-@pytest.mark.slow
-def test_summary_is_logged_once_after_warm_up(engines):
-    (line,) = _summary_lines(engines["on"]["log"])
-    # vLLM's CPU warm-up runs at max_num_batched_tokens, never a planned M: every route is reported uncalled.
-    assert "calls: none; never called: (1024, 128) lm_head x1, " in line
-    (compiled,) = _summary_lines(engines["on_compiled"]["log"])
-    assert "; no plan: none" in line and "; no plan: none" in compiled
+        got = {m for (cn, ck, m) in launched if (cn, ck) == (n, k)}
+        assert set(ms) & {1, 2, 3} <= got, (n, k, got, worker["counters"])
+    fell = [f for f in worker["counters"]["fallbacks"] if f[2] in TEST_PLANS.get((f[0], f[1]), ())]
+    assert fell == [], f"routed layers fell back at a planned M: {fell}"
+    # Two decoder layers: each of their shapes launches twice per forward.
+    assert all(c % 2 == 0 for (n, k, m), c in launched.items() if (n, k) != (1024, 128))
+    head = ", ".join(f"M={m} x{c}" for (n, k, m), c in sorted(launched.items()) if (n, k) == (1024, 128))
+    assert f"launches (a CUDA graph's counted once, at capture): (1024, 128) {head}, " in worker["summary"]
+    assert "; fallbacks at planned M: none; " in worker["summary"]
+    assert "never launched" not in worker["summary"]
 
 
 @needs_vllm
@@ -566,11 +610,11 @@ def test_negative_control_a_wrong_routed_layer_changes_the_output(engines, run):
 def test_off_switch_leaves_vllm_untouched(engines):
     off = _worker(engines["off"])
     assert off["patched"] == [False, False, False, False]
-    assert off["matches"] == {} and off["calls"] == [] and off["plugin_calls"] == []
-    assert not _summary_lines(engines["off"]["log"])
+    assert off["matches"] == {} and off["counters"] == {"launches": [], "fallbacks": []}
+    assert not _summary_lines(engines["off"]["log"], "")
     without = _worker(engines["without"])
     assert without["patched"] == [False, False, False, False] and without["skinny_modules"] == []
-    assert not _summary_lines(engines["without"]["log"])
+    assert not _summary_lines(engines["without"]["log"], "")
 
 
 @needs_vllm
@@ -616,8 +660,8 @@ def test_tp2_routes_per_rank_shapes_with_one_summary_line_per_rank(tp2_engines):
     for worker in on["workers"]:
         shapes = {(n, k): (ms, outcome) for _, n, k, ms, outcome in worker["matches"].values()}
         assert shapes == {shape: (list(ms), "routed") for shape, ms in TP2_PLANS.items()}
-        called = {(n, k) for n, k, m, c in worker["plugin_calls"] if m in TP2_PLANS[(n, k)]}
+        called = {(n, k) for n, k, m, c in worker["counters"]["launches"] if m in TP2_PLANS[(n, k)]}
         assert called == set(TP2_PLANS)
     assert on["tokens"] == tp2_engines["off"]["tokens"]
     assert _max_logprob_diff(on, tp2_engines["off"]) == 0.0
-    assert not _summary_lines(tp2_engines["off"]["log"])
+    assert not _summary_lines(tp2_engines["off"]["log"], "")

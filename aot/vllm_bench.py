@@ -1,0 +1,324 @@
+"""The end-to-end number: TPOT in vLLM's offline engine with the plugin off and on (`bench --sections vllm`).
+
+A model is a Hugging Face ``config.json`` (a file or its folder) or a dense
+catalogue slug (kernels/models/, turned into a config.json here). vLLM loads it
+with dummy weights (no hub, no tokenizer). Each arm runs in a fresh process,
+off and on alternating (``--runs`` of each), with vLLM's engine in that
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the plugin's counters and a
+profiler see the model's own calls. In each process:
+
+- engine init time (``LLM(...)``: load, compile or cache, graph capture);
+- per batch size B (``--batches``, default 1 2 4 8 16): B prompts of one length
+  (``--prompt-len``), so every decode step runs M = B tokens; TPOT =
+  (time of B requests x (1 + D) tokens - time of B requests x 1 token) / D,
+  D = ``--decode-tokens``, the median of ``--reps``;
+- the plugin's counters after warm-up and after the timed runs
+  (skinny_gemm.counters: launches and fallbacks per (N, K, M));
+- with ``--profile``, the GPU kernels of D decode steps at batch 1 (torch
+  profiler): how many were ours (``skinny_*``) and how many other GEMMs.
+
+Writes vllm.json, vllm.md and vllm.png under --out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BATCHES = (1, 2, 4, 8, 16)
+ENV_SWITCH = "SKINNY_GEMM_VLLM"
+# vLLM architecture and model_type per catalogue family: the dense models a config.json can be made for.
+FAMILIES = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "mistral": ("MistralForCausalLM", "mistral"),
+}
+# A GEMM kernel of another library, by name (cuBLAS's nvjet and cutlass tiles, split-K reduce, oneDNN on CPU).
+OTHER_GEMM = ("nvjet", "gemm", "cutlass", "splitk", "sm90_xmma")
+
+
+class VllmBenchError(ValueError):
+    """A model or option the vllm section cannot run: one line, before any engine starts."""
+
+
+def model_config(model: str, folder: Path) -> tuple[str, Path]:
+    """(name, folder holding config.json) for a config.json path, its folder, or a dense catalogue slug."""
+    path = Path(model)
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if path.is_file():
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise VllmBenchError(f"{path}: not a readable JSON config ({exc})") from None
+        if not isinstance(config, dict) or not isinstance(config.get("architectures"), list):
+            raise VllmBenchError(f"{path}: field 'architectures' missing: not a Hugging Face config.json")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
+        return config.get("_name_or_path") or path.parent.name, folder
+    from . import models
+
+    try:
+        data = models.load(model)
+    except (models.ModelError, OSError) as exc:
+        raise VllmBenchError(f"--model {model}: neither a config.json nor a catalogue model ({exc})") from None
+    family = next((f for f in FAMILIES if model.startswith(f)), None)
+    if family is None:
+        raise VllmBenchError(f"--model {model}: no config.json can be made for it here (dense families: "
+                             f"{', '.join(FAMILIES)}); pass its config.json")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(_hf_config(data["arch"], *FAMILIES[family]), indent=1,
+                                                   sort_keys=True))
+    return data["name"], folder
+
+
+def _hf_config(arch: dict, architecture: str, model_type: str) -> dict:
+    """A config.json from a catalogue model's arch: the shapes vLLM builds; the values dummy weights ignore."""
+    return {
+        "architectures": [architecture],
+        "model_type": model_type,
+        "hidden_size": arch["hidden"],
+        "intermediate_size": arch["intermediate"],
+        "num_hidden_layers": arch["layers"],
+        "num_attention_heads": arch["heads"],
+        "num_key_value_heads": arch["kv_heads"],
+        "head_dim": arch["head_dim"],
+        "vocab_size": arch["vocab"],
+        "tie_word_embeddings": bool(arch.get("tied_lm_head")),
+        "attention_bias": bool(arch.get("qkv_bias")),
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+
+
+# ---- one engine process (an arm) ------------------------------------------------------------------------------
+
+
+def engine_main(spec_path: str) -> None:
+    """Run one arm as described by the JSON file at ``spec_path`` and write its results to ``spec["out"]``."""
+    spec = json.loads(Path(spec_path).read_text())
+    import torch
+    from vllm import LLM, SamplingParams
+
+    start = time.perf_counter()
+    llm = LLM(
+        model=spec["model_dir"],
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        seed=0,
+        max_model_len=spec["prompt_len"] + spec["decode_tokens"] + 8,
+        max_num_seqs=max(spec["batches"]),
+        enable_prefix_caching=False,
+        enforce_eager=spec["eager"],
+        gpu_memory_utilization=spec["gpu_memory_utilization"],
+    )
+    result = {"arm": spec["arm"], "pid": os.getpid(), "init_s": time.perf_counter() - start, "tpot_ms": {}}
+    sg = _skinny_gemm()
+
+    def run(batch: int, tokens: int) -> float:
+        prompts = [{"prompt_token_ids": [(7 + 31 * i + 13 * j) % 1000 + 10 for j in range(spec["prompt_len"])]}
+                   for i in range(batch)]
+        params = SamplingParams(temperature=0.0, max_tokens=tokens, min_tokens=tokens, ignore_eos=True,
+                                detokenize=False)
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - t0
+        assert all(len(o.outputs[0].token_ids) == tokens for o in outputs)
+        return elapsed
+
+    for batch in spec["batches"]:  # warm-up: first calls of every size
+        run(batch, 1 + spec["decode_tokens"] // 4)
+    result["counters_after_warm_up"] = sg.counters(reset=True) if sg else None
+    for batch in spec["batches"]:
+        samples = []
+        for _ in range(spec["reps"]):
+            short, long = run(batch, 1), run(batch, 1 + spec["decode_tokens"])
+            samples.append((long - short) / spec["decode_tokens"] * 1e3)
+        result["tpot_ms"][str(batch)] = {"median": statistics.median(samples), "samples": samples}
+        print(f"  {spec['arm']} batch {batch}: TPOT {statistics.median(samples):.3f} ms", flush=True)
+    result["counters_timed"] = sg.counters(reset=True) if sg else None
+    if spec["profile"]:
+        result["profile"] = _profile(lambda: run(1, 1 + spec["decode_tokens"]), spec["decode_tokens"])
+    result["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    Path(spec["out"]).write_text(json.dumps(result, indent=1, sort_keys=True))
+
+
+def _skinny_gemm():
+    """skinny_gemm if the plugin is on in this process (the counters come from it), else None."""
+    if os.environ.get(ENV_SWITCH) == "0":
+        return None
+    import skinny_gemm
+
+    return skinny_gemm
+
+
+def _profile(fn, steps: int) -> dict:
+    """GPU kernels of one generate of ``steps`` decode steps at batch 1: per name, and ours vs other GEMMs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+    kernels = {}
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            kernels[event.name] = kernels.get(event.name, 0) + 1
+    ours = sum(c for name, c in kernels.items() if name.startswith("skinny_"))
+    other = sum(c for name, c in kernels.items() if any(g in name.lower() for g in OTHER_GEMM))
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
+    return {"steps": steps, "skinny_kernels": ours, "other_gemm_kernels": other, "top_kernels": top}
+
+
+# ---- the section: alternating arms ---------------------------------------------------------------------------
+
+
+def bench_vllm(args) -> dict:
+    """Run ``--runs`` off/on pairs of fresh engine processes, alternating; the section's data."""
+    batches = list(args.batches)
+    with tempfile.TemporaryDirectory() as tmp:
+        name, folder = model_config(args.model, Path(tmp) / "model")
+        config = json.loads((folder / "config.json").read_text())
+        arms = []
+        order = [arm for run in range(args.runs) for arm in (("off", "on") if run % 2 == 0 else ("on", "off"))]
+        for i, arm in enumerate(order):
+            print(f"vllm: engine {i + 1}/{len(order)}: plugin {arm}", flush=True)
+            spec = {
+                "arm": arm, "model_dir": str(folder), "batches": batches, "prompt_len": args.prompt_len,
+                "decode_tokens": args.decode_tokens, "reps": args.reps, "eager": args.eager,
+                "profile": bool(args.profile) and i < 2, "gpu_memory_utilization": args.gpu_memory_utilization,
+                "out": str(Path(tmp) / f"arm-{i}.json"),
+            }
+            spec_path = Path(tmp) / f"spec-{i}.json"
+            spec_path.write_text(json.dumps(spec))
+            env = {**os.environ, ENV_SWITCH: "1" if arm == "on" else "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+            # This file as a script: the arm's process imports nothing of skinny_gemm but what vLLM's plugin does.
+            proc = subprocess.run([sys.executable, __file__, str(spec_path)], env=env, check=False)
+            if proc.returncode != 0:
+                raise VllmBenchError(f"the plugin-{arm} engine process failed (exit {proc.returncode}): see above")
+            arms.append(json.loads(Path(spec["out"]).read_text()))
+    return {"model": name, "config": config, "batches": batches, "prompt_len": args.prompt_len,
+            "decode_tokens": args.decode_tokens, "reps": args.reps, "eager": args.eager, "arms": arms,
+            "rows": summarize(arms, batches)}
+
+
+def summarize(arms: list[dict], batches: list[int]) -> list[dict]:
+    """Per batch: TPOT off and on (median over the arms' medians, with their range) and the change."""
+    rows = []
+    for b in batches:
+        off = [a["tpot_ms"][str(b)]["median"] for a in arms if a["arm"] == "off"]
+        on = [a["tpot_ms"][str(b)]["median"] for a in arms if a["arm"] == "on"]
+        m_off, m_on = statistics.median(off), statistics.median(on)
+        rows.append({"batch": b, "off_ms": m_off, "on_ms": m_on, "off_range": [min(off), max(off)],
+                     "on_range": [min(on), max(on)], "change_pct": (m_on / m_off - 1) * 100})
+    return rows
+
+
+def markdown(data: dict) -> str:
+    """The section's report: TPOT table, init time, counters and profile of the first "on" arm."""
+    mode = "enforce_eager" if data["eager"] else "torch.compile + CUDA graphs"
+    lines = [
+        f"## vLLM end to end: {data['model']} ({mode}; prompt {data['prompt_len']} tokens, "
+        f"TPOT over {data['decode_tokens']} decode tokens, {len(data['arms'])} alternating engine processes)",
+        "",
+        "| batch | TPOT off ms | TPOT on ms | change | off range | on range |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["rows"]:
+        lines.append(f"| {r['batch']} | {r['off_ms']:.3f} | {r['on_ms']:.3f} | {r['change_pct']:+.1f}% | "
+                     f"{r['off_range'][0]:.3f}-{r['off_range'][1]:.3f} | {r['on_range'][0]:.3f}-{r['on_range'][1]:.3f} |")
+    init = {arm: [a["init_s"] for a in data["arms"] if a["arm"] == arm] for arm in ("off", "on")}
+    lines += ["", "Engine init (s): " + "; ".join(f"{arm} " + ", ".join(f"{s:.1f}" for s in v)
+                                                   for arm, v in init.items())]
+    on = next((a for a in data["arms"] if a["arm"] == "on"), None)
+    if on and on.get("counters_after_warm_up") is not None:
+        for label, key in (("after warm-up (graph capture included)", "counters_after_warm_up"),
+                           ("during the timed runs (eager launches; graph replays are not counted)",
+                            "counters_timed")):
+            c = on[key]
+            launched = sum(x[-1] for x in c["launches"])
+            fell = [f for f in c["fallbacks"] if f[3] != "not planned"]
+            lines.append(f"Counters {label}: {launched} launches over {len(c['launches'])} (N, K, M); "
+                         f"fallbacks other than 'not planned': " + (", ".join(
+                             f"({f[0]}, {f[1]}) M={f[2]} {f[3]} x{f[4]}" for f in fell) or "none"))
+    for a in data["arms"]:
+        if a.get("profile"):
+            p = a["profile"]
+            lines.append(f"Profile, plugin {a['arm']}, {p['steps']} decode steps at batch 1: {p['skinny_kernels']} "
+                         f"skinny kernels, {p['other_gemm_kernels']} other GEMM kernels")
+    return "\n".join(lines)
+
+
+def plot(data: dict, path: Path) -> bool:
+    """TPOT off and on per batch size, with the arms' ranges."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    xs = [r["batch"] for r in data["rows"]]
+    for arm, color in (("off", "tab:gray"), ("on", "tab:blue")):
+        ys = [r[f"{arm}_ms"] for r in data["rows"]]
+        err = [[y - r[f"{arm}_range"][0] for y, r in zip(ys, data["rows"])],
+               [r[f"{arm}_range"][1] - y for y, r in zip(ys, data["rows"])]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=color, label=f"plugin {arm}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_xlabel("batch (decode M)")
+    ax.set_ylabel("TPOT ms")
+    ax.set_title(f"vLLM {data['model']}: TPOT, skinny-gemm off vs on")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def main(args) -> int:
+    """`bench --sections vllm`: run, then write vllm.json, vllm.md, vllm.png under --out."""
+    import datetime
+
+    try:
+        if args.runs < 1 or args.decode_tokens < 2 or args.reps < 1 or args.prompt_len < 1:
+            raise VllmBenchError("--runs, --reps and --prompt-len must be >= 1, --decode-tokens >= 2")
+        if importlib_find("vllm") is None:
+            raise VllmBenchError("the vllm section needs vLLM installed in this interpreter")
+        data = bench_vllm(args)
+    except VllmBenchError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 2
+    data["date"] = datetime.date.today().isoformat()
+    data["command"] = "skinny-gemm bench " + " ".join(sys.argv[2:])
+    data["gpu"] = data["arms"][0].get("gpu")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "vllm.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    report = f"# skinny-gemm bench: {data['gpu']}, {data['date']}\n\nCommand: `{data['command']}`\n\n" + markdown(data)
+    (args.out / "vllm.md").write_text(report + "\n")
+    plotted = plot(data, args.out / "vllm.png")
+    print(report)
+    print(f"wrote {args.out / 'vllm.json'}, {args.out / 'vllm.md'}" + (f", {args.out / 'vllm.png'}" if plotted else ""))
+    return 0
+
+
+def importlib_find(name: str):
+    """importlib.util.find_spec without importing the package."""
+    import importlib.util
+
+    return importlib.util.find_spec(name)
+
+
+if __name__ == "__main__":
+    engine_main(sys.argv[1])

