@@ -39,8 +39,10 @@ FAMILIES = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "mistral": ("MistralForCausalLM", "mistral"),
 }
-# A GEMM kernel of another library, by name (cuBLAS's nvjet and cutlass tiles, split-K reduce, oneDNN on CPU).
+# A GEMM kernel of another library, by name (cuBLAS's nvjet and cutlass tiles, split-K reduce); FlashAttention's
+# kernels are cutlass device kernels too and are not GEMMs of a projection.
 OTHER_GEMM = ("nvjet", "gemm", "cutlass", "splitk", "sm90_xmma")
+NOT_GEMM = ("flash",)
 
 
 class VllmBenchError(ValueError):
@@ -175,7 +177,8 @@ def _profile(fn, steps: int) -> dict:
         if event.device_type.name == "CUDA":
             kernels[event.name] = kernels.get(event.name, 0) + 1
     ours = sum(c for name, c in kernels.items() if name.startswith("skinny_"))
-    other = sum(c for name, c in kernels.items() if any(g in name.lower() for g in OTHER_GEMM))
+    other = sum(c for name, c in kernels.items()
+                if any(g in name.lower() for g in OTHER_GEMM) and not any(x in name.lower() for x in NOT_GEMM))
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
     return {"steps": steps, "skinny_kernels": ours, "other_gemm_kernels": other, "top_kernels": top}
 

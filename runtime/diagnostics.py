@@ -7,7 +7,7 @@ from importlib import metadata
 
 import torch
 
-from . import loader
+from . import counters, loader
 from .artifacts import PACKAGE_ARTIFACTS, artifacts_override, open_dir
 from .manifest import ARCH_FOR_CAPABILITY
 from .version import __version__
@@ -67,6 +67,13 @@ def _device_lines(table: loader.DeviceTable) -> list[str]:
     return lines
 
 
+def _counters_line() -> str:
+    """Where a process's launch and fallback counts go (runtime/counters.py)."""
+    path = os.environ.get(counters.ENV_COUNTERS)
+    where = f"written to {path} at each process's exit" if path else f"${counters.ENV_COUNTERS} unset: not written"
+    return f"counters (launches and fallbacks per (N, K, M)): {where}; in-process: skinny_gemm.counters()"
+
+
 def env_report() -> str:
     """The environment report: versions, driver, each GPU and its artifacts, or why everything falls back."""
     lines = [
@@ -81,6 +88,7 @@ def env_report() -> str:
             if artifacts_override()
             else ""
         ),
+        _counters_line(),
     ]
     if torch.cuda.is_available():
         torch.cuda.init()  # runs the load hook

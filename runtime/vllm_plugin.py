@@ -18,10 +18,9 @@ methods of vLLM's own classes at run time, never its files:
 - the workers' ``compile_or_warm_up_model``: after vLLM's profile and warm-up
   runs, one summary line (runtime/vllm_summary.py) says what was routed, how
   often each routed (shape, M) launched our kernel (graph captures included)
-  and, as a warning, every fallback at a planned M with its reason;
-- the workers' ``shutdown``: the same line again, with the counts of the decode
-  steps served since (eager launches such as the LM head's; a CUDA graph's
-  replays run no host code and are not counted).
+  and, as a warning, every fallback at a planned M with its reason. Later
+  counts: ``llm.apply_model(summary)`` on demand, or ``$SKINNY_GEMM_COUNTERS``
+  (runtime/counters.py) at process exit.
 
 Nothing here imports vLLM at import time, cutlass, or compiles anything.
 """
@@ -78,10 +77,7 @@ def _hooks() -> dict[str, list]:
         ],
         "vllm.model_executor.model_loader.base_loader": [("BaseModelLoader", "load_model", _after_model_loaded)],
         # CPUWorker overrides the method without calling Worker's: both are hooked.
-        "vllm.v1.worker.gpu_worker": [
-            ("Worker", "compile_or_warm_up_model", _after_warm_up),
-            ("Worker", "shutdown", _at_shutdown),
-        ],
+        "vllm.v1.worker.gpu_worker": [("Worker", "compile_or_warm_up_model", _after_warm_up)],
         "vllm.v1.worker.cpu_worker": [("CPUWorker", "compile_or_warm_up_model", _after_warm_up)],
     }
 
@@ -198,18 +194,6 @@ def _after_warm_up(original):
         return result
 
     return compile_or_warm_up_model
-
-
-def _at_shutdown(original):
-    @functools.wraps(original)
-    def shutdown(self, *args, **kwargs):
-        try:
-            _log_summary(self, "at shutdown")
-        except Exception:  # noqa: BLE001  (a report must never stop vLLM's shutdown)
-            logger.exception("%s no summary at shutdown", LOG_PREFIX)
-        return original(self, *args, **kwargs)
-
-    return shutdown
 
 
 def key_compile_cache(vllm_config, model: torch.nn.Module) -> None:

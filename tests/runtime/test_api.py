@@ -142,3 +142,21 @@ def test_queries_before_binding_use_the_library(monkeypatch, fresh, art):
     assert loader.DEVICES[0].table is None
     n, k, m = sorted(all_plans(art))[0]
     assert skinny_gemm.plan_for(n, k, m) is not None
+
+
+def test_counters_read_reset_and_written_at_exit(tmp_path, monkeypatch):
+    import json
+    import os
+    from collections import Counter
+
+    from skinny_gemm.runtime import counters
+
+    monkeypatch.setattr(counters, "LAUNCHES", Counter({(8, 16, 1): 2}))
+    monkeypatch.setattr(counters, "FALLBACKS", Counter({(8, 16, 3, counters.NOT_PLANNED): 1}))
+    expected = {"launches": [[8, 16, 1, 2]], "fallbacks": [[8, 16, 3, "not planned", 1]]}
+    counters._write(str(tmp_path / "c-{pid}.json"))
+    assert json.loads((tmp_path / f"c-{os.getpid()}.json").read_text()) == {"pid": os.getpid(), **expected}
+    assert skinny_gemm.counters(reset=True) == expected
+    assert skinny_gemm.counters() == {"launches": [], "fallbacks": []}
+    # A file that cannot be written costs one printed line, never the process's exit.
+    counters._write(str(tmp_path / "no-such-dir" / "c.json"))

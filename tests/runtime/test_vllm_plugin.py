@@ -511,15 +511,18 @@ def engines(tmp_path_factory):
     bare = helper.make_site(tmp / "bare", with_skinny_gemm=False)
     in_process = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     compiled = {"SKINNY_TEST_COMPILE": "1"}
+    exit_counts = {"SKINNY_GEMM_COUNTERS": str(tmp / "counters-{pid}.json")}
     runs = {
         "on": (site, {"SKINNY_TEST_CONTROLS": CONTROLS}),
         "without": (bare, {**in_process, "VLLM_PLUGINS": helper.TEST_PLUGIN}),
-        "on_compiled": (site, {**in_process, **compiled, "SKINNY_TEST_CONTROLS": CONTROLS}),
+        "on_compiled": (site, {**in_process, **compiled, "SKINNY_TEST_CONTROLS": CONTROLS, **exit_counts}),
         "off": (site, {**in_process, **compiled, "SKINNY_GEMM_VLLM": "0"}),
     }
     # One after the other: two engines at once on 2 cores took longer (their
     # OpenMP threads contend for the same cores).
-    return {name: _engine(tmp, name, s, model, e) for name, (s, e) in runs.items()}
+    results = {name: _engine(tmp, name, s, model, e) for name, (s, e) in runs.items()}
+    results["exit_counts"] = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp.glob("counters-*.json")}
+    return results
 
 
 def _summary_lines(log: str, when: str = "(after warm-up)") -> list[str]:
