@@ -45,6 +45,10 @@ OTHER_GEMM = ("nvjet", "gemm", "cutlass", "splitk", "sm90_xmma")
 NOT_GEMM = ("flash",)
 
 
+# The catalogue arch fields a dense config.json is made from (MoE and MLA models lack some of them).
+DENSE_ARCH = {"hidden", "intermediate", "layers", "heads", "kv_heads", "head_dim", "vocab"}
+
+
 class VllmBenchError(ValueError):
     """A model or option the vllm section cannot run: one line, before any engine starts."""
 
@@ -71,6 +75,11 @@ def model_config(model: str, folder: Path) -> tuple[str, Path]:
     except (models.ModelError, OSError) as exc:
         raise VllmBenchError(f"--model {model}: neither a config.json nor a catalogue model ({exc})") from None
     family = next((f for f in FAMILIES if model.startswith(f)), None)
+    missing = sorted(DENSE_ARCH - set(data.get("arch", {})))
+    if family is not None and (missing or data.get("checkpoint") != "BF16"):
+        raise VllmBenchError(f"--model {model}: not a dense BF16 checkpoint in the catalogue "
+                             f"({'arch lacks ' + ', '.join(missing) if missing else 'checkpoint ' + str(data.get('checkpoint'))}); "
+                             "pass its config.json")
     if family is None:
         raise VllmBenchError(f"--model {model}: no config.json can be made for it here (dense families: "
                              f"{', '.join(FAMILIES)}); pass its config.json")
@@ -113,6 +122,9 @@ def engine_main(spec_path: str) -> None:
     import torch
     from vllm import LLM, SamplingParams
 
+    # Every request's prompt in one prefill step: the steps after it then run M = batch tokens each.
+    needed = max(spec["batches"]) * spec["prompt_len"]
+    more = {"max_num_batched_tokens": needed} if needed > 2048 else {}
     start = time.perf_counter()
     llm = LLM(
         model=spec["model_dir"],
@@ -125,12 +137,14 @@ def engine_main(spec_path: str) -> None:
         enable_prefix_caching=False,
         enforce_eager=spec["eager"],
         gpu_memory_utilization=spec["gpu_memory_utilization"],
+        **more,
     )
     result = {"arm": spec["arm"], "pid": os.getpid(), "init_s": time.perf_counter() - start, "tpot_ms": {}}
     sg = _skinny_gemm()
 
     def run(batch: int, tokens: int) -> float:
-        prompts = [{"prompt_token_ids": [(7 + 31 * i + 13 * j) % 1000 + 10 for j in range(spec["prompt_len"])]}
+        span = min(1000, spec["vocab"] - 10)
+        prompts = [{"prompt_token_ids": [(7 + 31 * i + 13 * j) % span + 10 for j in range(spec["prompt_len"])]}
                    for i in range(batch)]
         params = SamplingParams(temperature=0.0, max_tokens=tokens, min_tokens=tokens, ignore_eos=True,
                                 detokenize=False)
@@ -145,8 +159,11 @@ def engine_main(spec_path: str) -> None:
     result["counters_after_warm_up"] = sg.counters(reset=True) if sg else None
     for batch in spec["batches"]:
         samples = []
-        for _ in range(spec["reps"]):
-            short, long = run(batch, 1), run(batch, 1 + spec["decode_tokens"])
+        for rep in range(spec["reps"]):
+            if rep % 2 == 0:  # alternate the order, so a drift within the process weighs on both alike
+                short, long = run(batch, 1), run(batch, 1 + spec["decode_tokens"])
+            else:
+                long, short = run(batch, 1 + spec["decode_tokens"]), run(batch, 1)
             samples.append((long - short) / spec["decode_tokens"] * 1e3)
         result["tpot_ms"][str(batch)] = {"median": statistics.median(samples), "samples": samples}
         print(f"  {spec['arm']} batch {batch}: TPOT {statistics.median(samples):.3f} ms", flush=True)
@@ -200,6 +217,7 @@ def bench_vllm(args) -> dict:
                 "arm": arm, "model_dir": str(folder), "batches": batches, "prompt_len": args.prompt_len,
                 "decode_tokens": args.decode_tokens, "reps": args.reps, "eager": args.eager,
                 "profile": bool(args.profile) and i < 2, "gpu_memory_utilization": args.gpu_memory_utilization,
+                "vocab": int(config.get("vocab_size", 1010)),
                 "out": str(Path(tmp) / f"arm-{i}.json"),
             }
             spec_path = Path(tmp) / f"spec-{i}.json"
@@ -257,7 +275,8 @@ def markdown(data: dict) -> str:
     for a in data["arms"]:
         if a.get("profile"):
             p = a["profile"]
-            lines.append(f"Profile, plugin {a['arm']}, {p['steps']} decode steps at batch 1: {p['skinny_kernels']} "
+            lines.append(f"Profile, plugin {a['arm']}, one generate at batch 1 (its prefill and {p['steps']} decode "
+                         f"steps): {p['skinny_kernels']} "
                          f"skinny kernels, {p['other_gemm_kernels']} other GEMM kernels")
     return "\n".join(lines)
 
@@ -295,8 +314,8 @@ def main(args) -> int:
     import datetime
 
     try:
-        if args.runs < 1 or args.decode_tokens < 2 or args.reps < 1 or args.prompt_len < 1:
-            raise VllmBenchError("--runs, --reps and --prompt-len must be >= 1, --decode-tokens >= 2")
+        if args.runs < 1 or args.decode_tokens < 2 or args.reps < 1 or args.prompt_len < 1 or min(args.batches) < 1:
+            raise VllmBenchError("--runs, --reps, --prompt-len and --batches must be >= 1, --decode-tokens >= 2")
         if importlib_find("vllm") is None:
             raise VllmBenchError("the vllm section needs vLLM installed in this interpreter")
         data = bench_vllm(args)

@@ -17,14 +17,18 @@ from torch.autograd import forward_ad as _fwad
 from . import counters, loader
 
 _BF16 = torch.bfloat16
-# The one rule for which tensors a kernel may read, cached per class: torch.Tensor,
-# torch.nn.Parameter, and any subclass that leaves __torch_dispatch__ alone.
-# Such a subclass (vLLM's BasevLLMParameter family, which overrides only
-# __torch_function__; torch.compile with Inductor hands the op these) is a
-# tensor with its own storage. A class with its own __torch_dispatch__
-# (FakeTensor, FunctionalTensor, DTensor, any wrapper subclass) may have no data
-# or data that means something else: F.linear knows how to treat it.
+# The one rule for which tensors a kernel may read (storage_kind, cached per class):
+# torch.Tensor, torch.nn.Parameter, and any subclass that leaves __torch_dispatch__
+# alone, while its __torch_function__ is not active. Such a subclass (vLLM's
+# BasevLLMParameter family, which overrides only __torch_function__; inside a
+# custom op, where torch.compile with Inductor hands vLLM's class over, torch has
+# switched subclass __torch_function__ off) is a tensor with its own storage. An
+# active __torch_function__ may change what F.linear computes, and a class with its
+# own __torch_dispatch__ (FakeTensor, FunctionalTensor, DTensor, any wrapper
+# subclass) may have no data or data that means something else: F.linear knows how
+# to treat both.
 _KINDS: dict = {torch.Tensor: True, torch.nn.Parameter: True}
+_has_torch_function = torch._C._has_torch_function
 _NO_DISPATCH = torch.Tensor.__torch_dispatch__
 # The raw calls behind torch.cuda.current_stream / current_device, without their Python wrappers.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -65,7 +69,9 @@ def decide(x, weight, residual=None, bias=None):
     """The launch record for these eager tensors, or the reason (runtime/counters.py) why F.linear runs."""
     try:
         return _plan(x, weight, residual, bias)
-    except (RuntimeError, NotImplementedError):  # sparse, nested, mkldnn...: F.linear knows what to do
+    except loader.DriverError:  # loading or binding the variant failed (it is refused, warned once)
+        return counters.REFUSED
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):  # sparse, nested, mkldnn...: F.linear's
         return counters.TYPE
     except Warning:  # a refusal warned under -W error: the variant is already refused, the call falls back
         return counters.REFUSED
@@ -74,7 +80,7 @@ def decide(x, weight, residual=None, bias=None):
 def _plan(x, weight, residual, bias):
     if not storage_kind(x) or not storage_kind(weight) or (residual is not None and not storage_kind(residual)):
         return counters.TYPE
-    if bias is not None and not storage_kind(bias):
+    if (bias is not None and not storage_kind(bias)) or _has_torch_function((x, weight, residual, bias)):
         return counters.TYPE
     if not _on_gpu(x):
         return counters.DEVICE
@@ -106,14 +112,14 @@ def _plan(x, weight, residual, bias):
     # 0: a ZeroTensor (no storage; F.linear knows it is zeros), never an address to hand a kernel
     if not px or not pw or (px | pw) & 15:
         return counters.ALIGNMENT
-    for extra, shape in ((residual, x.shape[:-1] + (n,)), (bias, (n,))):
+    for extra in (residual, bias):
         if extra is None:
             continue
         if extra.dtype is not _BF16:
             return counters.DTYPE
         if extra.get_device() != idx:
             return counters.DEVICE
-        if extra.shape != shape:
+        if extra.shape != ((n,) if extra is bias else x.shape[:-1] + (n,)):
             return counters.SHAPE
         if not extra.is_contiguous() or extra.is_neg():
             return counters.CONTIGUITY
@@ -157,21 +163,24 @@ def run(x, weight, residual=None, bias=None):
     """Eager skinny_gemm.linear: the planned cubin when one fits exactly, else the fallback; both counted."""
     rec = decide(x, weight, residual, bias)
     if isinstance(rec, str):
+        y = fallback(x, weight, bias, residual)
+        # Counted once F.linear has run: a call that raises F.linear's error is no fallback.
         counters.FALLBACKS[(*_key(x, weight), rec)] += 1
-        return fallback(x, weight, bias, residual)
+        return y
     out = x.new_empty(x.shape[:-1] + (rec.n,))
     # The 4th pointer: the bias on a bias variant, else the residual (0 = none).
     extra = bias if bias is not None else residual
-    err = _launch(rec, x.get_device(), x.data_ptr(), weight.data_ptr(), out.data_ptr(),
-                  0 if extra is None else extra.data_ptr())
-    key = (rec.n, rec.k, x.numel() // rec.k)
+    idx = x.get_device()
+    err = _launch(rec, idx, x.data_ptr(), weight.data_ptr(), out.data_ptr(), 0 if extra is None else extra.data_ptr())
+    key = (rec.n, rec.k, out.numel() // rec.n)
     if int(err) != 0:
-        counters.FALLBACKS[(*key, counters.REFUSED)] += 1
         try:
-            _launch_failed(x.get_device(), rec, err)
+            _launch_failed(idx, rec, err)
         except Warning:  # -W error turned the one warning into an exception: still fall back
             pass
-        return fallback(x, weight, bias, residual)
+        y = fallback(x, weight, bias, residual)
+        counters.FALLBACKS[(*key, counters.REFUSED)] += 1
+        return y
     counters.LAUNCHES[key] += 1
     return out
 

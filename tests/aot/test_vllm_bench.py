@@ -51,6 +51,8 @@ def test_a_config_json_is_taken_as_is(tmp_path):
 
 @pytest.mark.parametrize("model, message", [
     ("glm-5.3-flash", "no config.json can be made for it here"),
+    ("qwen3-30b-a3b", "not a dense BF16 checkpoint in the catalogue (arch lacks intermediate"),
+    ("qwen3-235b-a22b-fp8", "not a dense BF16 checkpoint in the catalogue"),
     ("no-such-model", "neither a config.json nor a catalogue model"),
     ("BAD_JSON", "not a readable JSON config"),
     ("NO_ARCH", "field 'architectures' missing"),

@@ -383,3 +383,43 @@ def test_bias_falls_back(bias_dispatch, case):
     assert (4096, 4096, m) in loader.DEVICES[0].table
     assert ops.run(x, w, r, b) == "fallback" and fake.launches == []
     assert fallbacks == [(x, w, b, r)], "the fallback gets the bias and the residual"
+
+
+class _Doubling(torch.Tensor):
+    """A subclass whose active __torch_function__ changes what F.linear computes."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out * 2 if func is F.linear else out
+
+
+class _BadPointer(torch.Tensor):
+    """A subclass whose data_ptr raises: the dispatch must never ask it."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.data_ptr:
+            raise TypeError("no pointer here")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_active_torch_function_subclasses_get_f_linear_eagerly(monkeypatch):
+    """Called eagerly with a subclass whose __torch_function__ is active, run gives exactly what F.linear gives
+    (its result, its errors), counted as "type"; the same call with plain tensors launches (the control)."""
+    from helpers import vllm_test_plans
+
+    vllm_test_plans.cpu_as_gpu({(32, 64): (2,)}, monkeypatch)
+    x, w = torch.randn(2, 64, dtype=BF16), torch.randn(32, 64, dtype=BF16)
+    assert torch.equal(ops.run(x, w), F.linear(x, w)) and counters.snapshot()["launches"] == [[32, 64, 2, 1]]
+    for cls in (_Doubling, _BadPointer):
+        weight = w.as_subclass(cls)
+        assert torch.equal(ops.run(x, weight), F.linear(x, weight)), cls
+    assert torch.equal(ops.run(x, w.as_subclass(_Doubling)), 2 * F.linear(x, w))
+    uninitialized = torch.nn.UninitializedParameter()
+    with pytest.raises(ValueError) as ours:
+        ops.run(x, uninitialized)
+    with pytest.raises(ValueError) as theirs:
+        F.linear(x, uninitialized)
+    assert str(ours.value) == str(theirs.value)
+    assert counters.snapshot() == {"launches": [[32, 64, 2, 1]], "fallbacks": [[32, 64, 2, counters.TYPE, 3]]}
