@@ -134,11 +134,22 @@ class _PatchingLoader(importlib.abc.Loader):
         return getattr(self.loader, name)
 
 
+# Hooked vLLM names this vLLM lacks ("module.Class.method"): with any missing the plugin routes nothing in this
+# process (a half-hooked vLLM could route without keying its compile cache, or without its summary line).
+MISSING: set = set()
+
+
 def _patch_module(module, patches) -> None:
     for cls_name, method, make_wrapper in patches:
         cls = getattr(module, cls_name, None)
         if cls is not None and hasattr(cls, method):
             _patch(cls, method, make_wrapper)
+            continue
+        name = f"{module.__name__}.{cls_name}.{method}"
+        if name not in MISSING:
+            MISSING.add(name)
+            logger.warning("%s this vLLM has no %s: the plugin stays off (nothing routed); tested with vLLM 0.26 "
+                           "(GPU) and 0.32 (CPU)", LOG_PREFIX, name)
 
 
 def _patch(cls, name, make_wrapper) -> None:
@@ -156,7 +167,7 @@ def _routing_after_loading(original):
     def process_weights_after_loading(self, layer):
         loaded = routes.loaded_weight(layer)
         result = original(self, layer)
-        if loaded is not None:
+        if loaded is not None and not MISSING:
             match = routes.decide(self, layer, *loaded)
             if match is not None:
                 routes.install_route(self, layer, match)

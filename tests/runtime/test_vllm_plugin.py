@@ -421,6 +421,35 @@ def test_register_hooks_vllm_modules_when_vllm_imports_them():
     assert out.strip().endswith("vllm/model_executor/layers/linear.py"), "the hooked module keeps its loader's source"
 
 
+def test_a_missing_vllm_name_is_said_in_one_line_and_the_plugin_stays_off(monkeypatch, caplog):
+    """A vLLM whose hooked class lacks the method: one warning naming it, no patch, and no layer routed after."""
+    import types
+
+    monkeypatch.setattr(vllm_plugin, "MISSING", set())
+    module = types.ModuleType("vllm.v1.worker.gpu_worker")
+    module.Worker = type("Worker", (), {})  # no compile_or_warm_up_model
+    patches = vllm_plugin._hooks()["vllm.v1.worker.gpu_worker"]
+    with caplog.at_level("WARNING", logger="vllm.skinny_gemm"):
+        vllm_plugin._patch_module(module, patches)
+        vllm_plugin._patch_module(module, patches)
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        f"{LOG_PREFIX} this vLLM has no vllm.v1.worker.gpu_worker.Worker.compile_or_warm_up_model: the plugin stays "
+        "off (nothing routed); tested with vLLM 0.26 (GPU) and 0.32 (CPU)")
+    # The routing hook of a layer with a planned shape then routes nothing.
+    method = _Method()
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.randn(64, 32).bfloat16(), requires_grad=False)
+    decided = []
+    monkeypatch.setattr(vllm_plugin.routes, "decide", lambda *a: decided.append(a))
+    hooked = vllm_plugin._routing_after_loading(lambda self, layer: None)
+    hooked(method, layer)
+    assert decided == [] and "apply" not in vars(method)
+    monkeypatch.setattr(vllm_plugin, "MISSING", set())
+    hooked(method, layer)
+    assert len(decided) == 1, "the control: with every name present the hook decides"
+
+
 @needs_vllm
 @pytest.mark.slow
 def test_plugin_costs_a_process_that_loads_no_model_under_a_fifth_of_a_second():
