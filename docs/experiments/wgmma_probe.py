@@ -216,7 +216,7 @@ def compile_probe(out_dir: Path, m: int = 16) -> Path:
     return path
 
 
-def run_probe(cubin: Path, n: int = 4096, k: int = 4096) -> None:
+def run_probe(cubin: Path, n: int = 4096, k: int = 14336) -> None:
     """GPU: launch the probe cubin through cuda-bindings for M = 1..16; float64 reference, outputs poisoned."""
     import ctypes
 
@@ -247,6 +247,20 @@ def run_probe(cubin: Path, n: int = 4096, k: int = 4096) -> None:
     bound = ref.abs() * 2**-8 + (x.double().abs() @ w.double().abs().T) * 2**-16
     bad = ((out.double() - ref).abs() > bound) | out.isnan()
     print(f"M={m_of}: {int(bad.sum())} elements outside the bound of {out.numel()}")
+    # A first speed reading (not the project's bench: one weight of n x k, events over repeated launches).
+    launch = lambda: ok(d.cuLaunchKernel(fn, n // ROWS, 1, 1, THREADS, 1, 1, 0, stream,  # noqa: E731
+                                         ctypes.addressof(argv), 0))
+    for name, fn_ in (("probe", launch), ("cuBLAS", lambda: torch.mm(x, w.T))):
+        for _ in range(3):
+            fn_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(50):
+            fn_()
+        end.record()
+        torch.cuda.synchronize()
+        us = start.elapsed_time(end) * 1e3 / 50
+        print(f"  {name}: {us:.1f} us ({n * k * 2 / us / 1e6:.2f} TB/s of weight)")
 
 
 if __name__ == "__main__":
