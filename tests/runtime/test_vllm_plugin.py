@@ -542,7 +542,7 @@ def engines(tmp_path_factory):
     compiled = {"SKINNY_TEST_COMPILE": "1"}
     exit_counts = {"SKINNY_GEMM_COUNTERS": str(tmp / "counters-{pid}.json")}
     runs = {
-        "on": (site, {"SKINNY_TEST_CONTROLS": CONTROLS}),
+        "on": (site, {"SKINNY_TEST_CONTROLS": CONTROLS, **exit_counts}),
         "without": (bare, {**in_process, "VLLM_PLUGINS": helper.TEST_PLUGIN}),
         "on_compiled": (site, {**in_process, **compiled, "SKINNY_TEST_CONTROLS": CONTROLS, **exit_counts}),
         "off": (site, {**in_process, **compiled, "SKINNY_GEMM_VLLM": "0"}),
@@ -613,6 +613,34 @@ def test_every_planned_layer_launches_at_every_planned_m(engines, run):
     assert f"launches (a CUDA graph's counted once, at capture): (1024, 128) {head}, " in worker["summary"]
     assert "; fallbacks at planned M: none; " in worker["summary"]
     assert "never launched" not in worker["summary"]
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_summary_is_logged_once_after_warm_up(engines):
+    (line,) = _summary_lines(engines["on"]["log"])
+    # vLLM's CPU warm-up runs at max_num_batched_tokens, never a planned M: every route is reported unlaunched.
+    assert (
+        "launches (a CUDA graph's counted once, at capture): none; fallbacks at planned M: none; "
+        "never launched: (1024, 128) lm_head x1, "
+    ) in line
+    (compiled,) = _summary_lines(engines["on_compiled"]["log"])
+    assert "; no plan: none" in line and "; no plan: none" in compiled
+    assert "FELL BACK" not in line + compiled
+
+
+@needs_vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["on", "on_compiled"])
+def test_counters_file_at_exit_holds_the_counts_after_the_decode_steps(engines, run):
+    """$SKINNY_GEMM_COUNTERS: the model's process (vLLM's own worker process for "on", as under `vllm serve`)
+    writes its counters when it exits, after every generate (the negative controls' too), so they hold more than
+    what the report read after the first generate."""
+    worker = _worker(engines[run])
+    written = engines["exit_counts"][worker["pid"]]
+    reported = {(n, k, m): c for n, k, m, c in worker["counters"]["launches"]}
+    at_exit = {(n, k, m): c for n, k, m, c in written["launches"]}
+    assert reported and set(at_exit) == set(reported) and all(at_exit[key] > reported[key] for key in reported)
 
 
 @needs_vllm
