@@ -634,13 +634,15 @@ def test_summary_is_logged_once_after_warm_up(engines):
 @pytest.mark.parametrize("run", ["on", "on_compiled"])
 def test_counters_file_at_exit_holds_the_counts_after_the_decode_steps(engines, run):
     """$SKINNY_GEMM_COUNTERS: the model's process (vLLM's own worker process for "on", as under `vllm serve`)
-    writes its counters when it exits, after every generate (the negative controls' too), so they hold more than
-    what the report read after the first generate."""
+    writes its counters when it exits, after every generate (the negative controls' too), so they hold every count
+    the report read after the first generate, and more in all (a key seen only in warm-up, such as the compiled
+    engine's LM head at max_num_seqs, stays as it was)."""
     worker = _worker(engines[run])
     written = engines["exit_counts"][worker["pid"]]
     reported = {(n, k, m): c for n, k, m, c in worker["counters"]["launches"]}
     at_exit = {(n, k, m): c for n, k, m, c in written["launches"]}
-    assert reported and set(at_exit) == set(reported) and all(at_exit[key] > reported[key] for key in reported)
+    assert reported and set(at_exit) == set(reported) and all(at_exit[key] >= reported[key] for key in reported)
+    assert sum(at_exit.values()) > sum(reported.values())
 
 
 @needs_vllm
