@@ -234,14 +234,14 @@ def main(args) -> int:
         print(f"bench: --sections: unknown {', '.join(unknown)} (from {', '.join(SECTIONS + ('jit', 'vllm'))})",
               file=sys.stderr)
         return 2
+    data: dict = {"date": datetime.date.today().isoformat(), "command": "skinny-gemm bench " + " ".join(sys.argv[2:])}
     if "vllm" in sections:
         if sections != ["vllm"]:
             print("bench: --sections vllm runs alone (its engines need the whole GPU)", file=sys.stderr)
             return 2
         from . import vllm_bench
 
-        return vllm_bench.main(args)
-    data: dict = {"date": datetime.date.today().isoformat(), "command": "skinny-gemm bench " + " ".join(sys.argv[2:])}
+        return vllm_bench.main(args, data)
     if "decode" in sections:
         try:  # before any GPU work: a bad step file stops here
             model, built = build_served(args.shapes or args.model, args.ms, args.arch)

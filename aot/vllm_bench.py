@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 BATCHES = (1, 2, 4, 8, 16)
-ENV_SWITCH = "SKINNY_GEMM_VLLM"
 # vLLM architecture and model_type per catalogue family: the dense models a config.json can be made for.
 FAMILIES = {
     "llama": ("LlamaForCausalLM", "llama"),
@@ -176,11 +175,10 @@ def engine_main(spec_path: str) -> None:
 
 def _skinny_gemm():
     """skinny_gemm if the plugin is on in this process (the counters come from it), else None."""
-    if os.environ.get(ENV_SWITCH) == "0":
-        return None
     import skinny_gemm
+    from skinny_gemm.runtime import vllm_plugin
 
-    return skinny_gemm
+    return skinny_gemm if vllm_plugin.enabled() else None
 
 
 def _profile(fn, steps: int) -> dict:
@@ -205,6 +203,8 @@ def _profile(fn, steps: int) -> dict:
 
 def bench_vllm(args) -> dict:
     """Run ``--runs`` off/on pairs of fresh engine processes, alternating; the section's data."""
+    from ..runtime.vllm_plugin import ENV_SWITCH
+
     batches = list(args.batches)
     with tempfile.TemporaryDirectory() as tmp:
         name, folder = model_config(args.model, Path(tmp) / "model")
@@ -283,12 +283,10 @@ def markdown(data: dict) -> str:
 
 def plot(data: dict, path: Path) -> bool:
     """TPOT off and on per batch size, with the arms' ranges."""
-    try:
-        import matplotlib
+    from .report import _pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(6, 3.5))
     xs = [r["batch"] for r in data["rows"]]
@@ -309,21 +307,20 @@ def plot(data: dict, path: Path) -> bool:
     return True
 
 
-def main(args) -> int:
-    """`bench --sections vllm`: run, then write vllm.json, vllm.md, vllm.png under --out."""
-    import datetime
+def main(args, data: dict) -> int:
+    """`bench --sections vllm`: run, then write vllm.json, vllm.md, vllm.png under --out; ``data`` holds the
+    bench's date and command."""
+    import importlib.util
 
     try:
         if args.runs < 1 or args.decode_tokens < 2 or args.reps < 1 or args.prompt_len < 1 or min(args.batches) < 1:
             raise VllmBenchError("--runs, --reps, --prompt-len and --batches must be >= 1, --decode-tokens >= 2")
-        if importlib_find("vllm") is None:
+        if importlib.util.find_spec("vllm") is None:
             raise VllmBenchError("the vllm section needs vLLM installed in this interpreter")
-        data = bench_vllm(args)
+        data = {**data, **bench_vllm(args)}
     except VllmBenchError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 2
-    data["date"] = datetime.date.today().isoformat()
-    data["command"] = "skinny-gemm bench " + " ".join(sys.argv[2:])
     data["gpu"] = data["arms"][0].get("gpu")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "vllm.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
@@ -334,12 +331,6 @@ def main(args) -> int:
     print(f"wrote {args.out / 'vllm.json'}, {args.out / 'vllm.md'}" + (f", {args.out / 'vllm.png'}" if plotted else ""))
     return 0
 
-
-def importlib_find(name: str):
-    """importlib.util.find_spec without importing the package."""
-    import importlib.util
-
-    return importlib.util.find_spec(name)
 
 
 if __name__ == "__main__":

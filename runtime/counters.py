@@ -33,8 +33,6 @@ NOT_PLANNED = "not planned"  # no plan entry for (N, K, M) on this GPU
 NO_KERNELS = "no kernels"  # no loaded manifest for this GPU (no artifacts for its arch, refused, no driver)
 DEFERRED = "capture deferral"  # a first use inside a graph capture that could not bind its kernel there
 REFUSED = "refused"  # the variant was refused (host check or driver), or the driver refused the launch
-REASONS = (TYPE, DEVICE, DTYPE, SHAPE, AUTOGRAD, CONTIGUITY, ALIGNMENT, EXTRA, NOT_PLANNED, NO_KERNELS, DEFERRED,
-           REFUSED)
 
 # (n, k, m) -> launches handed to the driver.
 LAUNCHES: Counter = Counter()

@@ -43,9 +43,7 @@ def storage_kind(t) -> bool:
     cls = type(t)
     ok = _KINDS.get(cls)
     if ok is None:
-        ok = _KINDS[cls] = isinstance(cls, type) and issubclass(cls, torch.Tensor) and (
-            cls.__torch_dispatch__ is _NO_DISPATCH
-        )
+        ok = _KINDS[cls] = issubclass(cls, torch.Tensor) and cls.__torch_dispatch__ is _NO_DISPATCH
     return ok
 
 
@@ -144,10 +142,9 @@ def _miss(dev, table, key) -> str:
     """Why a key has no record: still planned (a capture deferred its binding), refused, or never planned."""
     if key in table:
         return counters.DEFERRED
-    library = getattr(dev, "library", None)
-    if library is None or getattr(library, "manifest", None) is None:
+    if dev.library is None or dev.library.manifest is None:
         return counters.NO_KERNELS
-    return counters.REFUSED if key in library.manifest.plans else counters.NOT_PLANNED
+    return counters.REFUSED if key in dev.library.manifest.plans else counters.NOT_PLANNED
 
 
 def _key(x, weight) -> tuple:

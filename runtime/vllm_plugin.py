@@ -186,7 +186,7 @@ def _after_model_loaded(original):
     return load_model
 
 
-def _log_summary(worker, when: str) -> None:
+def _log_summary(worker) -> None:
     """Log the summary line of ``worker``'s model (a warning when a routed layer fell back at a planned M)."""
     runner = getattr(worker, "model_runner", None)
     # A worker without a model (not loaded, or a runner with none): nothing to report. get_model()
@@ -194,14 +194,14 @@ def _log_summary(worker, when: str) -> None:
     model = runner.get_model() if getattr(runner, "model", None) is not None else None
     if isinstance(model, torch.nn.Module):
         line = summary(model)
-        (logger.warning if FELL_BACK in line else logger.info)("%s (%s)", line, when)
+        (logger.warning if FELL_BACK in line else logger.info)("%s (after warm-up)", line)
 
 
 def _after_warm_up(original):
     @functools.wraps(original)
     def compile_or_warm_up_model(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        _log_summary(self, "after warm-up")
+        _log_summary(self)
         return result
 
     return compile_or_warm_up_model

@@ -35,7 +35,8 @@ def summary(model: torch.nn.Module, counts: dict | None = None) -> str:
     own = groups.pop(OWN_KERNEL, [])
     shapes = {(m.n, m.k): m.ms for m in routed}
     launched = {(n, k, m): c for n, k, m, c in counts["launches"] if m in shapes.get((n, k), ())}
-    fell = fallbacks_at_planned_m(shapes, counts)
+    # Calls of a routed shape at one of its planned M that ran F.linear instead of our kernel.
+    fell = {(n, k, m, r): c for n, k, m, r, c in counts["fallbacks"] if m in shapes.get((n, k), ())}
     never = [m for m in routed if not any((m.n, m.k) == key[:2] for key in launched)]
     candidates = len(matches) - len(routers)
     parts = [
@@ -74,11 +75,6 @@ def _describe_device(device: torch.device) -> str:
 def _largest_first(key):
     (n, k) = key[:2]
     return (-n * k, key)
-
-
-def fallbacks_at_planned_m(shapes: dict, counts: dict) -> dict:
-    """(n, k, m, reason) -> calls of a routed shape at one of its planned M that ran F.linear instead of our kernel."""
-    return {(n, k, m, r): c for n, k, m, r, c in counts["fallbacks"] if m in shapes.get((n, k), ())}
 
 
 def _counts(counted: dict) -> str:
