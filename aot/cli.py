@@ -6,8 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..runtime.version import __version__
+
 DESCRIPTION = """\
-skinny-gemm: AOT-compiled skinny BF16 GEMMs (1-8 tokens x large weights) for LLM decode.
+skinny-gemm: AOT-compiled skinny BF16 GEMMs (1-16 tokens x large weights) for LLM decode.
 
 Typical flow: `build` compiles every plan-table entry into cubins plus a manifest
 (CPU only, needs nvidia-cutlass-dsl); `verify` proves a build dir or a wheel is
@@ -154,8 +156,8 @@ def cmd_coverage(args) -> int:
 def parser() -> argparse.ArgumentParser:
     """The argument parser, with a help text per verb."""
     p = argparse.ArgumentParser(prog="skinny-gemm", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"skinny-gemm {__version__}")
     sub = p.add_subparsers(dest="verb", metavar="VERB")
-    sub.required = True
     all_archs = "sm_90a,sm_121"
 
     b = sub.add_parser("build", help="compile plan tables into cubins + manifest (CPU, needs nvidia-cutlass-dsl)")
@@ -212,7 +214,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script."""
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.verb is None:  # `skinny-gemm` / `python -m skinny_gemm` alone: the verbs, as --help lists them
+        p.print_help()
+        return 0
     try:
         return args.func(args)
     except BrokenPipeError:  # `skinny-gemm list | head`: the reader left; not an error
