@@ -108,7 +108,7 @@ def test_the_wheel_ships_only_measured_sm90a_entries():
 
 
 def test_catalogue_size():
-    """The numbers the README states: models, distinct BF16 candidate shapes, cells at M 1, 2, 4, 8, 16."""
+    """The numbers docs/tuning.md states: models, distinct BF16 candidate shapes, cells at M 1, 2, 4, 8, 16."""
     pairs = plans.model_tps(None, None, True)
     cells = plans.catalogue_cells(pairs, plans.CATALOGUE_MS)
     assert len(models.catalogue()) == 16 and len(pairs) == 48

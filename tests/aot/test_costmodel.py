@@ -29,7 +29,7 @@ def test_held_out_ranking_is_computed_from_the_timings(held_out):
     assert s["shapes_held_out"] == len({(c["n"], c["k"]) for cells in runs for c in cells})
     assert s["cells"] == sum(len(cells) for cells in runs)  # a cell timed by two runs counts twice
     assert s["timings"] == costmodel.load()["fit"]["rows"]
-    # what the README quotes; a model that ranked no better than chance would fail each. The runs
+    # what docs/tuning.md quotes; a model that ranked no better than chance would fail each. The runs
     # cut by the model itself (top N per cell) hold only near-best candidates, which are the hardest
     # to rank: over the full spaces alone the correlation was 0.84, with them 0.65.
     assert s["mean_rank_corr"] > 0.6
