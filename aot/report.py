@@ -146,24 +146,34 @@ def plot_decode(data: dict, path: Path) -> bool:
 
 
 def plot(data: dict, path: Path) -> bool:
-    """Speedup per plan entry as a bar chart; False if matplotlib is missing."""
+    """Speedup per plan entry as a shape x M grid, each cell labelled; False if matplotlib is missing.
+
+    A grid, not bars: a plan of 100+ entries as bars had labels too small to read.
+    """
     plt = _pyplot()
     if plt is None:
         return False
     rows = data.get("entries", [])
     if not rows:
         return False
-    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.22), 4.5))
-    colors = {1: "#1f77b4", 2: "#ff7f0e", 3: "#2ca02c", 4: "#d62728"}
-    ax.bar(range(len(rows)), [r["speedup"] for r in rows], color=[colors.get(r["m"], "gray") for r in rows])
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.axhline(1.05, color="gray", lw=0.8, ls="--")
-    from matplotlib.patches import Patch
+    shapes = sorted({(r["n"], r["k"]) for r in rows}, key=lambda nk: (nk[0] * nk[1], nk))
+    ms = sorted({r["m"] for r in rows})
+    cell = {(r["n"], r["k"], r["m"]): r["speedup"] for r in rows}
+    grid = [[cell.get((n, k, m), float("nan")) for m in ms] for n, k in shapes]
+    fig, ax = plt.subplots(figsize=(2.2 + 0.9 * len(ms), 1.2 + 0.28 * len(shapes)))
+    from matplotlib.colors import TwoSlopeNorm
 
-    ax.legend(handles=[Patch(color=c, label=f"M={m}") for m, c in colors.items()], loc="upper right")
-    ax.set_xticks(range(len(rows)), [f"{r['n']}x{r['k']} M{r['m']}" for r in rows], rotation=90, fontsize=6)
-    ax.set_ylabel("speedup over cuBLAS (cold L2, graph replay)")
-    ax.set_title(f"skinny-gemm plans vs cuBLAS, {data.get('gpu', '')}, {data['date']}")
+    # Centred on 1.0: red only where cuBLAS wins.
+    image = ax.imshow(grid, cmap="RdYlGn", norm=TwoSlopeNorm(vmin=0.8, vcenter=1.0, vmax=2.0), aspect="auto")
+    for i, line in enumerate(grid):
+        for j, value in enumerate(line):
+            if value == value:  # not NaN: a planned cell
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(ms)), [f"M={m}" for m in ms], fontsize=8)
+    ax.set_yticks(range(len(shapes)), [f"{n} x {k}" for n, k in shapes], fontsize=7)
+    ax.set_ylabel("weight (N x K), smallest first")
+    fig.colorbar(image, ax=ax, label="speedup over cuBLAS (blank: not planned)")
+    ax.set_title(f"plans vs cuBLAS, cold L2, graph replay\n{data.get('gpu', '')}, {data['date']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return True
