@@ -47,7 +47,7 @@ def test_candidates_are_valid_and_bounded():
         for cfg in cands:
             cfg.check(n=n, k=k)
             assert cfg.m == m
-        assert {c.kind for c in cands} == {"simt", "mma"}, "bulk picks slow the whole decode step (perf.md v9)"
+        assert {c.kind for c in cands} == {"simt", "mma"}, "bulk picks slow the whole decode step (~50 us on H200 TP8 M=4)"
         assert any(c.groups > 1 and c.kind == "mma" for c in cands) == (m >= 2)
         assert any(c.split > 1 for c in cands) == (k >= 1024), "cluster-split candidates wherever K can be split"
 
@@ -210,7 +210,7 @@ def test_decode_phase_second_pass_revisits_earlier_cells(monkeypatch):
 
 
 def test_decode_phase_swaps_out_a_family_that_slows_the_whole_step(monkeypatch):
-    """Two cells on a family whose mere presence costs the step (v9's bulk) leave it together."""
+    """Two cells on a family whose mere presence costs the step (as bulk did) leave it together."""
     import torch
 
     def kcand(us, kind):
