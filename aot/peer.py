@@ -198,9 +198,9 @@ def expected_params(cfg: PeerConfig) -> list[tuple[int, int, int]]:
 
 def variant_record(cfg: PeerConfig, blob: bytes) -> dict:
     """The manifest row of one compiled variant, after checking its cubin is sm_90a with the expected params."""
-    from . import cubin
+    from ..runtime import elf
 
-    info = cubin.inspect(blob)
+    info = elf.inspect(blob)
     if info.arch != ARCH:
         raise PeerError(f"{cfg.id}: compiled for {info.arch}, not {ARCH}")
     if len(info.kernels) != 1:
