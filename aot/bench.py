@@ -35,25 +35,17 @@ import sys
 import time
 from pathlib import Path
 
-from .report import geomean, markdown, plot, plot_decode
-from .served import bench_served, build_served, load_peer, steps_build
+from .report import markdown, plot, plot_decode
+from .served import bench_served, build_served, load_peer
 
-# The bench's API: its sections, its CLI, and the served-step and report helpers it runs (aot/served.py, aot/report.py).
+# The bench's API: its sections and its CLI (the served step and the report live in aot/served.py, aot/report.py).
 __all__ = [
     "add_arguments",
     "bench_entries",
     "bench_jit",
-    "bench_served",
     "bench_startup",
-    "build_served",
-    "geomean",
-    "load_peer",
     "main",
-    "markdown",
     "peer_build",
-    "plot",
-    "plot_decode",
-    "steps_build",
 ]
 
 SECTIONS = ("entries", "decode", "startup")

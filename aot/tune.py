@@ -39,15 +39,13 @@ from ..kernels.config import MAX_M, KernelConfig
 from ..runtime.manifest import dumps
 from . import candidates as _candidates
 from .candidates import cell_rows, max_candidates, plan_configs, plan_rows, resident_ctas, spaces
-from .decode_phase import (  # noqa: F401 (decode_phase, family and the constants are re-exported)
+from .decode_phase import (
     CONFIRM_MARGIN,
     CONFIRM_TRIALS,
     DECODE_PASSES,
     DECODE_TOP,
-    FAMILY_MARGIN,
     confirm_replays,
     decode_phase,
-    family,
     model_steps,
     no_pdl_twins,
     served_steps,
