@@ -9,8 +9,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-# bf16 elements per 16-byte vector load: the widest global load a thread issues.
-MAX_VEC = 8
 # fp32 accumulators plus in-flight load registers a thread may hold. Above
 # this ptxas spills on sm_90a (255 registers, a third kept for addressing).
 REGISTER_BUDGET = 168

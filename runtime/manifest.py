@@ -12,7 +12,6 @@ process runs, so a catalogue of a thousand variants costs one JSON parse.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -135,11 +134,6 @@ def launch_problem(v: Variant) -> str | None:
             "contradicts its config"
         )
     return None
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def dumps(data: dict) -> str:
