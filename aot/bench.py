@@ -26,7 +26,6 @@ folder skips the peer with one line.
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import statistics
@@ -35,25 +34,17 @@ import sys
 import time
 from pathlib import Path
 
-from .report import geomean, markdown, plot, plot_decode
-from .served import bench_served, build_served, load_peer, steps_build
+from .report import markdown, plot, plot_decode
+from .served import bench_served, build_served, load_peer
 
-# The bench's API: its sections, its CLI, and the served-step and report helpers it runs (aot/served.py, aot/report.py).
+# The bench's API: its sections and its CLI (the served step and the report live in aot/served.py, aot/report.py).
 __all__ = [
     "add_arguments",
     "bench_entries",
     "bench_jit",
-    "bench_served",
     "bench_startup",
-    "build_served",
-    "geomean",
-    "load_peer",
     "main",
-    "markdown",
     "peer_build",
-    "plot",
-    "plot_decode",
-    "steps_build",
 ]
 
 SECTIONS = ("entries", "decode", "startup")
@@ -179,7 +170,6 @@ def add_arguments(p) -> None:
                    help="output folder (bench.json, bench.md, bench.png, bench-decode.png; peer-build: the peer folder)")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="model file with a step (a path, or a slug of kernels/models/; default %(default)s)")
-    p.add_argument("--shapes", type=Path, help=argparse.SUPPRESS)  # the old name of --model
     p.add_argument("--ms", type=int, nargs="+", default=list(DECODE_MS), metavar="M",
                    help="token counts of the decode section (default 1 2 4 8 16)")
     p.add_argument("--peer", type=Path, help="peer folder from `bench peer-build`: vLLM's kernel beside ours")
@@ -210,7 +200,7 @@ def peer_build(args) -> int:
         print("bench peer-build: needs --configs (the peer's best configs, h200-vllm-skinny-peer.json)", file=sys.stderr)
         return 2
     try:
-        _, built = build_served(args.shapes or args.model, args.ms, args.arch)
+        _, built = build_served(args.model, args.ms, args.arch)
         cells = [(op.n, op.k, m) for _, m, ops in built for op in ops if op.is_gemm]
         man = peer.build(args.configs, cells, args.out, jobs=args.jobs)
     except (steps.StepError, peer.PeerError) as exc:
@@ -244,7 +234,7 @@ def main(args) -> int:
         return vllm_bench.main(args, data)
     if "decode" in sections:
         try:  # before any GPU work: a bad step file stops here
-            model, built = build_served(args.shapes or args.model, args.ms, args.arch)
+            model, built = build_served(args.model, args.ms, args.arch)
         except steps.StepError as exc:
             print(f"bench: {exc}", file=sys.stderr)
             return 2
@@ -267,7 +257,7 @@ def main(args) -> int:
             if wrong:  # a wrong kernel's time is no peer figure
                 print(f"bench: peer section skipped: wrong result: {wrong}", file=sys.stderr)
                 peer_lib = None
-        data["served_about"] = {"model": model.get("name"), "file": str(steps.model_path(args.shapes or args.model).name),
+        data["served_about"] = {"model": model.get("name"), "file": str(steps.model_path(args.model).name),
                                 "about": model["step"]["about"], "context": model["step"].get("context"),
                                 **({"peer_version": peer_lib.version, "peer_file": peer_lib.man["file"],
                                     "peer_sha256": peer_lib.man["file_sha256"]} if peer_lib else {})}

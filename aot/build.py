@@ -16,9 +16,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..kernels.config import KernelConfig
+from ..runtime import elf
 from ..runtime.manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME, PARAMS, SCHEMA, dumps, write_atomic
 from ..runtime.version import __version__
-from . import cubin as cubin_mod
 from . import plans
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def _compile_worker(cfg_json: dict, arch: str) -> bytes:
 
 def _variant_record(cfg: KernelConfig, blob: bytes, arch: str) -> dict:
     """The manifest row of one variant, after checking the cubin says what we asked for."""
-    info = cubin_mod.inspect(blob)
+    info = elf.inspect(blob)
     if info.arch != arch:
         raise BuildError(f"{cfg.name}: compiler produced {info.arch} code, asked for {arch}")
     kernel = info.kernels.get(cfg.symbol)

@@ -4,7 +4,7 @@ Each space fixes some config fields and lists values for the others; `expand` ta
 itertools.product in the listed order, and `admissible` is the one filter: the config's own
 validity check for the shape plus the rules the space names (RULES). The bulk-copy kernel
 (kind "bulk") has no space: any bulk pick made the whole decode step ~50 us slower, whatever
-its count of calls (docs/perf.md v9), and the decode phase, which changes one cell at a time,
+its count of calls (H200, TP8 M=4), and the decode phase, which changes one cell at a time,
 cannot leave that state once two cells are on bulk.
 """
 
@@ -101,9 +101,9 @@ def resident_ctas(cfg: KernelConfig) -> int:
 
 # Per-config rules a space may name (value: the rule's parameter), beyond the config check.
 RULES = {
-    # sliced tiles won only with short CTAs (v15)
+    # sliced tiles won only with short CTAs (the H200 sweep)
     "max_k_trips": lambda cfg, n, k, limit, sms: k // cfg.k_step <= limit,
-    # multi-group mma CTAs above 512 threads spilled (v9)
+    # multi-group mma CTAs above 512 threads spilled
     "max_threads": lambda cfg, n, k, limit, sms: cfg.threads <= limit,
     # a cap that does not cap is a plain grid
     "persist_caps_grid": lambda cfg, n, k, _, sms: n // cfg.cols_per_cta > cfg.persist,

@@ -132,20 +132,6 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
-    """Benchmark plans against cuBLAS on this GPU (see aot/bench.py)."""
-    from .bench import main as bench_main
-
-    return bench_main(args)
-
-
-def cmd_tune(args) -> int:
-    """Tune plans: prepare candidates (CPU), measure them (GPU), write the plan table (CPU)."""
-    from .tune import main as tune_main
-
-    return tune_main(args)
-
-
 def cmd_coverage(args) -> int:
     """Which per-rank linears of a model this wheel's plans cover (runtime/coverage.py)."""
     from ..runtime.coverage import main as coverage_main

@@ -33,7 +33,7 @@ SMS = 132
 # Ridge strength on standardized features, and the weight decay of a timing by its distance from its cell's best
 # (in log us): of TAU 0.15, 0.3, 0.5 and none, and ridge 1e-3..1, these held out best (model-check).
 RIDGE, TAU = 1e-2, 0.5
-# A read rate that makes bytes_us a time (near the H200's 4.59 TB/s steady rate, DESIGN.md).
+# A read rate that makes bytes_us a time (near the H200's 4.59 TB/s steady rate: docs/perf.md, "Per-cell figures").
 BYTES_PER_US = 4.6e6
 TOPS = (1, 5, 10, 16, 20)
 # The default cut of `tune prepare --top`: the model's best 16 and the best 2 of every family.

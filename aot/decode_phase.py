@@ -3,7 +3,7 @@
 The step is the model file's (aot/steps.py): the projections with the non-GEMM ops a
 vLLM step runs between them, one CUDA graph per TP, at the M being tuned. Why in the
 step: a same-shape chain flatters kernels that load weight before the PDL wait
-(docs/perf.md v4), and the bare chain of projections flatters them again, since no
+(docs/perf.md "What won"), and the bare chain of projections flatters them again, since no
 server runs one. PDL is a per-entry choice: every candidate has a no-PDL twin
 (`no_pdl_twins`) and both compete in every cell. An earlier rule timed only the twins
 where no GEMM precedes the cell. On the H200 (2026-12-02, GLM served step, share over
@@ -252,8 +252,8 @@ def _family_check(lib, bufs: dict, m: int, group: list, cells: dict, choice: dic
     """Swap each kernel family holding two or more cells out whole, keeping the swap if the steps get 1% faster.
 
     The passes change one cell at a time, so a cost that only goes away when every
-    cell of a family leaves it survives them: in v9 any bulk cell slowed the whole TP8
-    step by ~50 us, and two bulk cells kept each other in the plan (docs/perf.md v9).
+    cell of a family leaves it survives them: on the H200 any bulk cell slowed the whole
+    TP8 M=4 step by ~50 us, and two bulk cells kept each other in the plan.
     Each cell's replacement is its fastest other-family candidate of its last pass.
     """
     def fam(key, name):

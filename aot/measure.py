@@ -1,6 +1,6 @@
 """GPU measurement shared by tune and bench: cold-L2 graph timing and the float64 correctness check.
 
-Method (DESIGN.md): a CUDA graph replays a chain of GEMMs over copies of the
+Method: a CUDA graph replays a chain of GEMMs over copies of the
 weight adding up to at least 1 GiB, so every GEMM reads HBM; time per GEMM =
 replay time / copies. Candidates and cuBLAS are timed interleaved in one
 process, in a rotating order, and the median over trials is kept.
@@ -83,7 +83,7 @@ def bandwidth_pct(n: int, k: int, us: float) -> float:
     return n * k * 2 / (us * 1e-6) / (H200_PEAK_TBPS * 1e12) * 100.0
 
 
-# The bound a correct BF16-output kernel meets at any input scale (DESIGN.md):
+# The bound a correct BF16-output kernel meets at any input scale:
 # |y - ref| <= 2^-8 |ref| + 2^-16 (|x| @ |W|^T): one bf16 rounding plus fp32
 # accumulation error, which scales with the sum of |x||w|. Where the product is
 # rounded before a residual is added (F.linear + residual), one more 2^-8 |x @ W^T|.

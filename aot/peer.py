@@ -14,7 +14,7 @@ compiled with ``use_pdl`` off and on. The folder holds the cubins and a manifest
 (``peer.json``: the vLLM version and file hash, each variant's cubin hash, symbol,
 block and parameter records, each cell's variants and why).
 
-Its cubin ABI (KPARAM_INFO, DESIGN.md): A, B, residual, C as by-value tensor structs,
+Its cubin ABI (read from the cubins' KPARAM_INFO): A, B, residual, C as by-value tensor structs,
 then ``k_extent`` (i32), then three unused 8-byte params. The launcher packs those
 bytes itself, from the records: it knows exactly the struct sizes below and
 refuses a variant with any other layout.
@@ -198,9 +198,9 @@ def expected_params(cfg: PeerConfig) -> list[tuple[int, int, int]]:
 
 def variant_record(cfg: PeerConfig, blob: bytes) -> dict:
     """The manifest row of one compiled variant, after checking its cubin is sm_90a with the expected params."""
-    from . import cubin
+    from ..runtime import elf
 
-    info = cubin.inspect(blob)
+    info = elf.inspect(blob)
     if info.arch != ARCH:
         raise PeerError(f"{cfg.id}: compiled for {info.arch}, not {ARCH}")
     if len(info.kernels) != 1:

@@ -108,7 +108,7 @@ def served_row(model: dict, tp: int, m: int, ops: list, planned: int, t: dict, p
 
 def load_peer(folder):
     """The peer on this GPU, or None with one line saying why it is skipped."""
-    from ..runtime.loader import DriverError
+    from ..runtime.driver import DriverError
     from . import peer
 
     try:

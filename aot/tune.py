@@ -22,9 +22,9 @@ with measured provenance. Cells that do not win stay on cuBLAS.
 Why the second phase: a same-shape chain flatters kernels that load weight
 before the PDL wait. Short kernels then cascade (each launches the next at
 its start, so many are resident at once, all streaming), which cannot
-happen between the long GEMMs of a real step: the v3 plans summed to
+happen between the long GEMMs of a real step: plans picked alone summed to
 1032 us per TP4 step yet ran it in 1101 us; picking in the step brought
-that to 1017 us (docs/perf.md v4).
+that to 1017 us (H200, GLM-5.3-Flash).
 """
 
 from __future__ import annotations
@@ -39,15 +39,13 @@ from ..kernels.config import MAX_M, KernelConfig
 from ..runtime.manifest import dumps
 from . import candidates as _candidates
 from .candidates import cell_rows, max_candidates, plan_configs, plan_rows, resident_ctas, spaces
-from .decode_phase import (  # noqa: F401 (decode_phase, family and the constants are re-exported)
+from .decode_phase import (
     CONFIRM_MARGIN,
     CONFIRM_TRIALS,
     DECODE_PASSES,
     DECODE_TOP,
-    FAMILY_MARGIN,
     confirm_replays,
     decode_phase,
-    family,
     model_steps,
     no_pdl_twins,
     served_steps,
@@ -55,7 +53,7 @@ from .decode_phase import (  # noqa: F401 (decode_phase, family and the constant
 
 MIN_SPEEDUP = 1.05
 CELLS_FILE = "cells.json"
-# vLLM's decode CUDA-graph sizes up to 16 (DESIGN.md: a batch is padded up to one of them); the ones
+# vLLM's decode CUDA-graph sizes up to 16 (a batch is padded up to one of them); the ones
 # the kernels can run (config.py's MAX_M) may be tuned beyond a seed set's own token counts.
 VLLM_GRAPH_MS = (1, 2, 4, 8, 16)
 WIDE_MS = tuple(m for m in VLLM_GRAPH_MS if m <= MAX_M)

@@ -128,6 +128,6 @@ def compile_kernel(launcher, arch: str, dump_dir: str, name: str) -> bytes:
     )
     cubin = compiled.artifacts.CUBIN
     if not isinstance(cubin, (bytes, bytearray)):
-        # Trap (DESIGN.md): without --keep-cubin and an existing dump dir this is a path string.
+        # Trap of the CuTe DSL: without --keep-cubin and an existing dump dir this is silently a path string.
         raise RuntimeError(f"CuTe DSL returned no cubin bytes for {name} ({type(cubin).__name__})")
     return bytes(cubin)

@@ -9,17 +9,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-# bf16 elements per 16-byte vector load: the widest global load a thread issues.
-MAX_VEC = 8
 # fp32 accumulators plus in-flight load registers a thread may hold. Above
 # this ptxas spills on sm_90a (255 registers, a third kept for addressing).
 REGISTER_BUDGET = 168
 # A CTA shares the SM's 64K registers: above 65536 / threads per thread ptxas caps the
-# count and spills (v9: 512-thread mma CTAs with 16 stages hit the 128 cap and took a
+# count and spills (512-thread mma CTAs with 16 stages hit the 128 cap and took a
 # 112-byte stack frame). The same third is kept back for addressing.
 SM_REGISTERS = 65536
 # Fully unrolling K beyond this many loop trips makes compile time and code
-# size explode (DESIGN.md: 2.3-2.7 s per variant at K=16384) for no gain.
+# size explode (measured on 2 cores: 2.3-2.7 s per variant at K=16384 against 0.24-0.39 s
+# with a runtime K loop) for no gain.
 MAX_STATIC_TRIPS = 64
 # Tokens per call: vLLM pads decode batches to CUDA-graph sizes 1, 2, 4, 8, 16, ...; the mma
 # kernel's A side has 16 rows. The bulk kernel loads one token row per lane (A rows 0..7).
@@ -42,7 +41,7 @@ FETCH_SIZES = (0, 64, 128, 256)
 # CTAs of one thread-block cluster that split a row group's K ("mma" only): 8 is
 # the largest cluster every sm_90+ part launches without the non-portable opt-in.
 SPLITS = (1, 2, 4, 8)
-# K slices per MMA tile ("mma" only, v15): the 8 columns of an MMA's B side are 8 / slices
+# K slices per MMA tile ("mma" only): the 8 columns of an MMA's B side are 8 / slices
 # weight rows x slices K slices, and its 16 A rows are tokens x the same slices.
 SLICES = (1, 2, 4, 8)
 MMA_A_ROWS = 16
@@ -91,16 +90,18 @@ class KernelConfig:
     # with its first stages-1 stages): the previous kernel's tail hides this kernel's HBM latency
     early: bool = False
     # mma: L2 fetch bytes per weight load (0 = no hint); larger prefetches a row's next steps, smaller
-    # wastes less HBM time on lines the grid's tail never uses; the winner depends on the shape (perf.md v4)
+    # wastes less HBM time on lines the grid's tail never uses; the winner depends on the shape
+    # (H200: 128 B was 3-9% faster on 4096x2048, 4096x4096, 6416x4096; no hint won 4096x1536)
     fetch: int = 256
     # mma: a cluster of this many CTAs shares a row group, each streaming 1/split of K and meeting in CTA 0's
-    # shared memory: shorter CTAs make the grid's last partial wave cheaper (perf.md v6)
+    # shared memory: shorter CTAs make the grid's last partial wave cheaper (H200: 2-5% on M=4 mid shapes)
     split: int = 1
     # simt with early: cap the grid at this many CTAs that walk row groups persist apart and preload the next
-    # group's first trip; no wave ends at once and the next kernel's CTAs find room (perf.md v7); 0 = off
+    # group's first trip; no wave ends at once and the next kernel's CTAs find room (up to 8% faster alone, slower
+    # inside the decode step: docs/perf.md "Ideas that lost"); 0 = off
     persist: int = 0
     # mma: an MMA tile is 8/slices weight rows x slices K slices, so CTAs can be down to one row and a warp
-    # load covers 64*slices contiguous bytes of a row (perf.md v15); needs m*slices <= 16 (the A side's rows)
+    # load covers 64*slices contiguous bytes of a row (docs/perf.md "What won"); needs m*slices <= 16 (the A side's rows)
     slices: int = 1
     # the 4th pointer is a bias vector of N bf16 (0 = none), added in fp32 before the single rounding;
     # the ABI stays 40 bytes, so a bias variant takes no residual (calls with one run a non-bias variant)

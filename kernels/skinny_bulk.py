@@ -3,8 +3,8 @@
 Order: config (imported: ``skinny_gemm.kernels.config``, kind "bulk"), kernel
 class (host launcher, device body), compile entry.
 
-Why (docs/perf.md v4): the register-pipelined mma kernel holds at most a few
-loads per warp in flight (50 registers cap it at half occupancy), and only
+Why: the register-pipelined mma kernel holds at most a few
+loads per warp in flight (50 registers cap it at half occupancy, by ncu on the H200), and only
 those few are issued before the PDL wait. Bulk copies land in shared memory,
 so the bytes in flight cost no registers: one thread issues a whole chunk of
 the CTA's rows per copy group, and the first ``stages`` chunks go out before
@@ -15,8 +15,8 @@ lands in stage c % stages; its "full" mbarrier completes on the copies' byte
 count. Every warp multiplies its ``unroll`` 32-k steps of the chunk and
 arrives on the stage's "empty" mbarrier (every thread: an arrive releases
 only its own reads); thread 0 waits for that one and
-refills the stage with chunk c + stages, while the other warps go on. (v1
-synced the whole CTA per chunk instead: slower, docs/perf.md v5.) Row r of a stage sits at
+refills the stage with chunk c + stages, while the other warps go on. (A CTA
+sync per chunk instead starved the ring: only 2-stage rings of the largest chunks won.) Row r of a stage sits at
 r * (chunk bytes + 64): the pad puts the 8 lanes of each 128-byte phase of a
 fragment read on distinct banks.
 

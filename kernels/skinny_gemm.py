@@ -3,7 +3,8 @@
 Order: config (imported: ``skinny_gemm.kernels.config``), kernel class (host
 launcher, device body), compile entry.
 
-Kernel-parameter ABI (DESIGN.md): raw pointers and Int32 only, so every
+Kernel-parameter ABI: raw pointers and Int32 only (they become plain 8- and 4-byte C params in
+declaration order; a dynamic-layout tensor would become a by-value struct of varying size), so every
 variant takes the same 40 bytes: ``a, w, out, residual`` (u64 each; residual
 may be 0 for none) then ``n, k`` (i32). ``k`` is ignored by static-K variants
 but kept so one launch record format serves every variant. A ``bias`` variant

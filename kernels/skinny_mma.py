@@ -22,7 +22,7 @@ same slots). Both sides map slot 2q+e to k 8q+4h+e and slot 2q+8+e to
 bytes of every load are used. The accumulator's c0, c1 are token g against
 weight rows 2q, 2q+1 of the tile; c2, c3 belong to the zero rows.
 
-Slices (``slices`` S > 1, docs/perf.md v15): B column j is weight row j // S
+Slices (``slices`` S > 1; measured in docs/perf.md "What won"): B column j is weight row j // S
 at K slice j % S, and A row i is token i // S at slice i % S, where slice s
 is the 32 k at offset 32s of every 32S-k block. A lane still loads 16 bytes
 of its B column's row and of its A rows' tokens at one k, so the operands
@@ -70,7 +70,7 @@ MMA_PTX = (
 # The weight is read exactly once: the read-only path, no L1 allocation (the
 # token tile, which every warp rereads, keeps L1 to itself), and an L2 fetch of
 # cfg.fetch bytes per request, so the row's next steps may already be on their
-# way from HBM (v3: 256 B; v4 measured 128 B faster on some shapes, no hint on others).
+# way from HBM (on the H200 128 B was faster than 256 B on some shapes, no hint on others).
 def ldg_stream_ptx(fetch: int) -> str:
     """The weight load for a config's ``fetch`` (bytes of L2 fetch per request, 0 = no hint)."""
     hint = f".L2::{fetch}B" if fetch else ""

@@ -13,6 +13,7 @@ import torch
 from ..kernels.config import KernelConfig
 from . import counters as _counters
 from . import loader, ops
+from .devices import DeviceTable
 
 loader.install_hook()
 _counters.dump_at_exit()
@@ -35,7 +36,7 @@ def linear(x, weight, bias=None, residual=None):
     return ops.fallback(x, weight, bias, residual)
 
 
-def _device_table(device) -> loader.DeviceTable | None:
+def _device_table(device) -> DeviceTable | None:
     """The loaded table of ``device`` (None: torch's current CUDA device); initializes torch's CUDA if needed."""
     if device is not None:
         device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)

@@ -8,7 +8,8 @@ from importlib import metadata
 import torch
 
 from . import counters, loader
-from .artifacts import PACKAGE_ARTIFACTS, artifacts_override, open_dir
+from .artifacts import ENV_ARTIFACTS, PACKAGE_ARTIFACTS, Library, artifacts_override, artifacts_root, open_dir
+from .devices import DeviceTable
 from .manifest import ARCH_FOR_CAPABILITY
 from .version import __version__
 
@@ -24,7 +25,7 @@ def _driver_text(version: int | None) -> str:
     return "unknown" if version is None else f"CUDA {version // 1000}.{version % 1000 // 10} ({version})"
 
 
-def _library_lines(lib: loader.Library, indent: str) -> list[str]:
+def _library_lines(lib: Library, indent: str) -> list[str]:
     if lib.manifest is None:
         return [f"{indent}artifacts: none usable ({lib.error})"]
     # The loader checks variants at first use; the report checks them all (reads every cubin, no driver).
@@ -48,7 +49,7 @@ def _library_lines(lib: loader.Library, indent: str) -> list[str]:
     return lines
 
 
-def _device_lines(table: loader.DeviceTable) -> list[str]:
+def _device_lines(table: DeviceTable) -> list[str]:
     cap = f"{table.capability[0]}.{table.capability[1]}"
     lines = [f"GPU {table.ordinal}: {table.name}, capability {cap} -> {table.arch or 'no target (falls back)'}"]
     if table.library is None:
@@ -82,9 +83,9 @@ def env_report() -> str:
             f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}), "
             f"cuda-bindings {_dist_version('cuda-bindings')}"
         ),
-        f"artifacts root: {loader.artifacts_root()}"
+        f"artifacts root: {artifacts_root()}"
         + (
-            f" (from ${loader.ENV_ARTIFACTS}, instead of the package's {PACKAGE_ARTIFACTS})"
+            f" (from ${ENV_ARTIFACTS}, instead of the package's {PACKAGE_ARTIFACTS})"
             if artifacts_override()
             else ""
         ),
@@ -103,7 +104,7 @@ def env_report() -> str:
     lines.append("GPU: none usable by torch: every call falls back to F.linear")
     # Without a GPU the host-side checks still say whether the installed artifacts are intact.
     for arch in sorted(set(ARCH_FOR_CAPABILITY.values())):
-        directory = loader.artifacts_root() / arch
+        directory = artifacts_root() / arch
         if os.path.lexists(directory):
             lines.append(f"{arch} (host checks only):")
             lines += _library_lines(open_dir(directory, arch), "  ")

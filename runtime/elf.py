@@ -1,10 +1,9 @@
 """The one cubin reader (no CUDA, no cutlass, no pyelftools): ELF arch, kernel symbols, parameter layout.
 
-The runtime reads every cubin with it before ``cuLibraryLoadData``, verify and
-the build read them with it too (aot/cubin.py re-exports it). Every table and
-section must lie inside the blob: the driver was seen to crash the process
-(SIGSEGV, H200, driver 580) on a cubin cut short, so a damaged one must be
-refused here, never handed on.
+The runtime reads every cubin with it before ``cuLibraryLoadData``; verify and
+the build read them with it too. Every table and section must lie inside the
+blob: the driver was seen to crash the process (SIGSEGV, H200, driver 580) on a
+cubin cut short, so a damaged one must be refused here, never handed on.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ every variant bound at once, any (n, k) a variant's config accepts)::
     table.launch(variant_id, x, w, out, residual, n, k)   # tensors or ints; residual None = none;
                                                           # torch's current stream unless stream= is given
     rec = table.launch_for(variant_id, n, k)          # or: a prebuilt record (checks the config fits n, k)
-    launch(rec, a_ptr, w_ptr, out_ptr, residual_ptr, stream)   # ints; raises DriverError if refused
+    driver.launch(rec, a_ptr, w_ptr, out_ptr, residual_ptr, stream)   # ints; raises DriverError if refused
 
 The caller owns shapes there: x holds ``config.m`` rows of k, out ``config.m``
 rows of n, all 16-byte aligned and contiguous. ``table.table`` maps every
@@ -61,28 +61,17 @@ from .artifacts import (
     artifacts_root,
     open_dir,
 )
-from .devices import ArtifactWarning, DeviceTable, Kernel, LaunchTable, warn
-from .driver import DriverError, Launch, launch, launch_raw
+from .devices import DeviceTable, warn
+from .driver import DriverError
 from .manifest import ARCH_FOR_CAPABILITY
 
 __all__ = [
     "DEVICES",
-    "ENV_ARTIFACTS",
     "STATE",
-    "ArtifactWarning",
     "ArtifactsOverrideWarning",
-    "DeviceTable",
-    "DriverError",
-    "Kernel",
-    "Launch",
-    "LaunchTable",
-    "Library",
     "State",
-    "artifacts_root",
     "ensure_loaded",
     "install_hook",
-    "launch",
-    "launch_raw",
     "load",
     "load_dir",
 ]

@@ -12,7 +12,6 @@ process runs, so a catalogue of a thousand variants costs one JSON parse.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -32,7 +31,8 @@ PARAMS = (("a", 0, 8), ("w", 8, 8), ("out", 16, 8), ("residual", 24, 8), ("n", 3
 PARAM_BYTES = 40
 
 # Capability -> the one target whose cubins run there. sm_90a code runs only on
-# 9.0; plain sm_121 code on 12.1 (DESIGN.md: map capability to target exactly).
+# 9.0 (an sm_121 cubin on an H200 fails with CUDA_ERROR_NO_BINARY_FOR_GPU); plain sm_121
+# code on 12.1, since the kernels use no arch-specific instruction on GB10.
 ARCH_FOR_CAPABILITY = {(9, 0): "sm_90a", (12, 1): "sm_121"}
 CAPABILITY_FOR_ARCH = {arch: cap for cap, arch in ARCH_FOR_CAPABILITY.items()}
 
@@ -134,11 +134,6 @@ def launch_problem(v: Variant) -> str | None:
             "contradicts its config"
         )
     return None
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def dumps(data: dict) -> str:

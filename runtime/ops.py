@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import forward_ad as _fwad
 
-from . import counters, loader
+from . import counters, devices, driver, loader
 
 _BF16 = torch.bfloat16
 # The one rule for which tensors a kernel may read (storage_kind, cached per class):
@@ -53,7 +53,7 @@ def fallback(x, weight, bias=None, residual=None):
     return y if residual is None else y + residual
 
 
-def plan(x, weight, residual=None, bias=None) -> loader.Launch | None:
+def plan(x, weight, residual=None, bias=None) -> driver.Launch | None:
     """The launch record that would run for these eager tensors, or None (then F.linear runs).
 
     A bias runs only on a bias variant (whose 4th pointer is the bias); a residual only on a
@@ -67,7 +67,7 @@ def decide(x, weight, residual=None, bias=None):
     """The launch record for these eager tensors, or the reason (runtime/counters.py) why F.linear runs."""
     try:
         return _plan(x, weight, residual, bias)
-    except loader.DriverError:  # loading or binding the variant failed (it is refused, warned once)
+    except driver.DriverError:  # loading or binding the variant failed (it is refused, warned once)
         return counters.REFUSED
     except (RuntimeError, NotImplementedError, TypeError, ValueError):  # sparse, nested, mkldnn...: F.linear's
         return counters.TYPE
@@ -189,13 +189,13 @@ def _launch(rec, idx: int, a: int, w: int, out: int, extra: int):
     """
     stream = _raw_stream(idx) if _raw_stream is not None else torch.cuda.current_stream(idx).cuda_stream
     if _current_device() == idx:
-        return loader.launch_raw(rec, a, w, out, extra, stream)
+        return driver.launch_raw(rec, a, w, out, extra, stream)
     # The NULL stream means the current context's: make it this device's.
     with torch.cuda.device(idx):
-        return loader.launch_raw(rec, a, w, out, extra, stream)
+        return driver.launch_raw(rec, a, w, out, extra, stream)
 
 
-def _launch_failed(idx: int, rec: loader.Launch, err) -> None:
+def _launch_failed(idx: int, rec: driver.Launch, err) -> None:
     """Drop a record the driver would not launch (warn once per variant and device); the caller falls back."""
     dev = loader.DEVICES[idx]
     with dev.lock:  # another thread's first call may be adding records to this table
@@ -206,7 +206,7 @@ def _launch_failed(idx: int, rec: loader.Launch, err) -> None:
         warnings.warn(
             f"skinny_gemm: the driver refused to launch {rec.variant.file} on GPU {idx} "
             f"({getattr(err, 'name', err)}); its shapes fall back to F.linear",
-            loader.ArtifactWarning,
+            devices.ArtifactWarning,
             stacklevel=4,
         )
 

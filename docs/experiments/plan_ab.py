@@ -49,7 +49,7 @@ def main():
     register()
     import torch
 
-    from skinny_gemm.aot import bench
+    from skinny_gemm.aot.served import build_served
     from skinny_gemm.aot import measure as ms
     from skinny_gemm.runtime import loader
 
@@ -87,7 +87,7 @@ def main():
     def cub(i, x, w, o, n, k):
         return lambda: torch.mm(x, w.T, out=o)
 
-    _, built = bench.build_served("kernels/models/glm-5.3-flash.json", sorted(served))
+    _, built = build_served("kernels/models/glm-5.3-flash.json", sorted(served))
     for tp, m, ops in built:
         data = ms.step_data(ops, m, dev)
         gidx = [i for i, op in enumerate(ops) if op.is_gemm]

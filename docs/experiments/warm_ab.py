@@ -11,7 +11,7 @@ from aot.source_tree import register
 register()
 import torch
 from skinny_gemm.runtime import loader
-from skinny_gemm.aot import bench, measure as ms
+from skinny_gemm.aot import measure as ms, served
 from skinny_gemm.aot.measure import check_bf16_result
 
 out_dir = os.environ.get("OUT", "/tmp")
@@ -34,7 +34,7 @@ for name in ("w2", "w4", "w8"):
         bad += check_bf16_result(y, x, w); checked += 1
 print(f"warm variants checked: {checked}, bad elements: {bad}", flush=True)
 
-model, built = bench.build_served("kernels/models/glm-5.3-flash.json", [int(a) for a in sys.argv[1:]] or [1, 2, 4, 8, 16])
+model, built = served.build_served("kernels/models/glm-5.3-flash.json", [int(a) for a in sys.argv[1:]] or [1, 2, 4, 8, 16])
 rows = []
 for tp, m, ops in built:
     data = ms.step_data(ops, m, dev)

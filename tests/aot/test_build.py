@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from skinny_gemm.aot import build, cubin, plans
+from skinny_gemm.aot import build, plans
+from skinny_gemm.runtime import elf
 from skinny_gemm.runtime.manifest import PARAMS, parse
 
 ARCHS = ("sm_90a", "sm_121")
@@ -27,7 +28,7 @@ def test_manifest_matches_plan_and_cubins(built):
         _, entries = plans.load(plans.plan_path(arch))
         assert set(man.plans) == {(e.n, e.k, e.m) for e in entries}
         for variant in man.variants.values():
-            info = cubin.inspect((man.directory / variant.file).read_bytes())
+            info = elf.inspect((man.directory / variant.file).read_bytes())
             assert info.arch == arch
             kernel = info.kernels[variant.symbol]
             assert kernel.params == [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
@@ -42,8 +43,8 @@ def test_sm121_cubins_match_their_sm90a_twins(built, tmp_path):
     build.build_configs("sm_90a", configs, [], tmp_path / "twins", plan, cache_dir=built["cache"], progress=False)
     assert configs
     for variant in m121.variants.values():
-        b = cubin.inspect((m121.directory / variant.file).read_bytes())
-        a = cubin.inspect((tmp_path / "twins" / variant.file).read_bytes())
+        b = elf.inspect((m121.directory / variant.file).read_bytes())
+        a = elf.inspect((tmp_path / "twins" / variant.file).read_bytes())
         assert (a.arch, b.arch) == ("sm_90a", "sm_121")
         assert a.kernels.keys() == b.kernels.keys() == {variant.symbol}
         assert a.kernels[variant.symbol].params == b.kernels[variant.symbol].params
@@ -91,7 +92,7 @@ def test_bulk_split_and_sliced_kernels_build_with_the_shared_abi(built, tmp_path
         build.build_configs(arch, [cfg], [], tmp_path / arch, plan, cache_dir=built["cache"], progress=False)
         man = parse(tmp_path / arch / "manifest.json", expected_arch=arch)
         (variant,) = man.variants.values()
-        info = cubin.inspect((man.directory / variant.file).read_bytes())
+        info = elf.inspect((man.directory / variant.file).read_bytes())
         assert info.arch == arch
         kernel = info.kernels[cfg.symbol]
         assert kernel.params == [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
@@ -128,7 +129,7 @@ def test_new_path_variants_build_with_the_shared_abi(built, tmp_path):
         for _, n, k, cfg in cases:
             variant = man.variants[man.plans[(n, k, cfg.m)]]
             assert variant.config == cfg
-            info = cubin.inspect((man.directory / variant.file).read_bytes())
+            info = elf.inspect((man.directory / variant.file).read_bytes())
             assert info.arch == arch
             kernel = info.kernels[cfg.symbol]
             assert kernel.params == [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]

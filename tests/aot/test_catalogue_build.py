@@ -79,7 +79,7 @@ def test_a_catalogue_build_loads_in_bounded_work(catalogue, tree_copy, tmp_path,
     plan = tree_copy / "catalogue-sm_90a.json"
     plan.write_text(plans.catalogue_table("sm_90a", entries, "all models"))
     build.build("sm_90a", tmp_path / "out", plan_file=plan, cache_dir=tmp_path / "cache", jobs=2, progress=False)
-    monkeypatch.setenv(loader.ENV_ARTIFACTS, str(tmp_path / "out"))
+    monkeypatch.setenv(artifacts.ENV_ARTIFACTS, str(tmp_path / "out"))
     reads = []
     real = artifacts.read_bounded
 

@@ -81,7 +81,7 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, threads=256, k_threads=256, cols=16, unroll=2, prefetch=False, early=True, persist=528),
          "register budget"),
         # 4 + 16 stages x 8 = 132 registers fit one thread's budget, not a 512-thread CTA's share
-        # of the SM (ptxas capped it at 128 and spilled, perf.md v9); 256 threads fit
+        # of the SM (ptxas capped it at 128 and spilled to a 112-byte stack); 256 threads fit
         (dict(m=4, kind="mma", threads=512, k_threads=128, cols=8, unroll=1, stages=16, prefetch=False),
          "register budget"),
     ],

@@ -6,8 +6,9 @@ import struct
 
 import pytest
 
-from skinny_gemm.aot import cubin, peer
+from skinny_gemm.aot import peer
 from skinny_gemm.aot.peer import PeerConfig, PeerError
+from skinny_gemm.runtime import elf
 
 
 def test_the_installed_peer_file_is_the_pinned_one():
@@ -19,7 +20,7 @@ def test_the_installed_peer_file_is_the_pinned_one():
                          ids=["static-k", "runtime-k-pdl"])
 def test_peer_compiles_for_sm90a_with_the_params_the_launcher_packs(cfg, tmp_path):
     blob = peer.compile_variant(cfg, str(tmp_path))
-    info = cubin.inspect(blob)
+    info = elf.inspect(blob)
     assert info.arch == "sm_90a", "the ELF header's arch, 'a' included"
     rec = peer.variant_record(cfg, blob)  # raises unless the records are the launcher's
     (kernel,) = info.kernels.values()

@@ -6,8 +6,10 @@ import json
 import pytest
 from helpers.fake_step import STEPS, cand, fake_step
 
-from skinny_gemm.aot import bench, plans, tune
+from skinny_gemm.aot import decode_phase, plans, tune
 from skinny_gemm.aot.build import PACKAGE_ROOT
+from skinny_gemm.aot.report import geomean, markdown
+from skinny_gemm.aot.served import bench_served, load_peer, steps_build
 
 # The committed H200 tuner results the sm_90a plan is derived from.
 TUNING = PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a"
@@ -47,7 +49,7 @@ def test_candidates_are_valid_and_bounded():
         for cfg in cands:
             cfg.check(n=n, k=k)
             assert cfg.m == m
-        assert {c.kind for c in cands} == {"simt", "mma"}, "bulk picks slow the whole decode step (perf.md v9)"
+        assert {c.kind for c in cands} == {"simt", "mma"}, "bulk picks slow the whole decode step (~50 us on H200 TP8 M=4)"
         assert any(c.groups > 1 and c.kind == "mma" for c in cands) == (m >= 2)
         assert any(c.split > 1 for c in cands) == (k >= 1024), "cluster-split candidates wherever K can be split"
 
@@ -179,7 +181,7 @@ def test_decode_phase_picks_the_lowest_step_time(monkeypatch):
         {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": {"a": cand(5.0), "b": cand(6.0), "c": cand(7.0)}},
         {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"x": cand(5.0), "slow": cand(9.9)}},
     ]
-    tune.decode_phase(lib, rows, STEPS, torch.device("cpu"), top=12, trials=1, progress=False)
+    decode_phase.decode_phase(lib, rows, STEPS, torch.device("cpu"), top=12, trials=1, progress=False)
     first = rows[0]["decode"]
     assert first["chosen"] == "b"
     assert first["step_us"] == {"a": {"4": 11.0}, "b": {"4": 5.0}, "c": {"4": 19.0}}
@@ -200,7 +202,7 @@ def test_decode_phase_second_pass_revisits_earlier_cells(monkeypatch):
             {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": {"a1": cand(5.0), "a2": cand(6.0)}},
             {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"y1": cand(5.0), "y2": cand(6.0)}},
         ]
-        tune.decode_phase(lib, rows, STEPS, torch.device("cpu"), top=12, trials=1, progress=False, passes=passes)
+        decode_phase.decode_phase(lib, rows, STEPS, torch.device("cpu"), top=12, trials=1, progress=False, passes=passes)
         return [r["decode"]["chosen"] for r in rows]
 
     # One pass: a1 is judged next to y1 (its isolated pick) and loses; y then moves to y2.
@@ -210,7 +212,7 @@ def test_decode_phase_second_pass_revisits_earlier_cells(monkeypatch):
 
 
 def test_decode_phase_swaps_out_a_family_that_slows_the_whole_step(monkeypatch):
-    """Two cells on a family whose mere presence costs the step (v9's bulk) leave it together."""
+    """Two cells on a family whose mere presence costs the step (as bulk did) leave it together."""
     import torch
 
     def kcand(us, kind):
@@ -225,12 +227,12 @@ def test_decode_phase_swaps_out_a_family_that_slows_the_whole_step(monkeypatch):
     ]
     # One step holding both cells: from either cell alone, bulk stays cheaper (12 against 13).
     steps = [{"tp": 4, "calls": [[64, 32], [32, 64]]}]
-    tune.decode_phase(lib, rows, steps, torch.device("cpu"), top=12, trials=1, progress=False, passes=2)
+    decode_phase.decode_phase(lib, rows, steps, torch.device("cpu"), top=12, trials=1, progress=False, passes=2)
     assert [r["decode"]["chosen"] for r in rows] == ["m1", "m2"]
     check = rows[0]["decode"]["family_check"]
     assert check == {"family": "bulk", "swapped": True, "step_us": {"kept": {"4": 12.0}, "swapped": {"4": 4.0}}}
     assert rows[1]["decode"]["step_us"]["b2"] == {"4": 12.0}, "the passes alone kept bulk"
-    assert tune.family({"kind": "mma", "split": 2, "persist": 0}) == "mma+split"
+    assert decode_phase.family({"kind": "mma", "split": 2, "persist": 0}) == "mma+split"
 
 
 def test_isolated_winners_rank_correct_fast_candidates():
@@ -265,11 +267,11 @@ def test_decode_order_is_one_step():
 
 def test_report_renders_the_committed_bench():
     data = json.loads((PACKAGE_ROOT / "docs" / "results" / "bench-h200.json").read_text())
-    text = bench.markdown(data)
+    text = markdown(data)
     assert f"{len(data['entries'])} cells" in text and "| 128256 | 4096 | 4 |" in text
     # the same bench ran the served step and startup (one process: docs/perf.md)
     assert "Served decode step: GLM-5.3-Flash" in text and "Startup" in text and "| 8 | 16 |" in text
-    assert abs(bench.geomean([2.0, 8.0]) - 4.0) < 1e-12
+    assert abs(geomean([2.0, 8.0]) - 4.0) < 1e-12
 
 
 def test_served_step_calls_put_the_ops_between_the_gemms():
@@ -341,15 +343,15 @@ def test_bench_served_reports_share_step_and_bare_and_no_plan(monkeypatch, tmp_p
     from helpers.fake_step import HAND_MODEL
 
     _fake_bench(monkeypatch, (1,))
-    built = [(tp, m, bench.steps_build(HAND_MODEL, tp, m)) for tp in (1, 2) for m in (1, 8)]
-    rows = bench.bench_served(HAND_MODEL, built, trials=1, progress=False, device=torch.device("cpu"))
+    built = [(tp, m, steps_build(HAND_MODEL, tp, m)) for tp in (1, 2) for m in (1, 8)]
+    rows = bench_served(HAND_MODEL, built, trials=1, progress=False, device=torch.device("cpu"))
     one = rows[0]
     assert (one["tp"], one["m"], one["planned_gemms"], one["gemms"]) == (1, 1, 3, 3)
     assert one["share_us"] == {"cublas": 20.0, "ours": 15.0}
     assert one["speedup"] == {"step": {"ours": 1.2}, "share": {"ours": 20.0 / 15.0}, "bare": {"ours": 2.0}}
     eight = rows[1]
     assert eight["ours"] == "no plan" and "ours+step" not in eight["us"], "an M without plans is not timed as ours"
-    text = bench.markdown({"date": "d", "command": "c", "served": rows,
+    text = markdown({"date": "d", "command": "c", "served": rows,
                            "served_about": {"model": "hand", "file": "hand.json", "about": "two handmade layers"}})
     assert "Served decode step: hand (hand.json)" in text and "Step: two handmade layers" in text
     assert "| 1 | 8 | 0/3 |" in text and "no plan" in text and "1.33x" in text and "Bare chain" in text
@@ -367,14 +369,12 @@ def test_bench_stops_on_a_bad_step_file_before_the_gpu(tmp_path, capsys):
 
 
 def test_a_missing_peer_folder_skips_the_peer_in_one_line(tmp_path, capsys):
-    assert bench.load_peer(tmp_path / "nothing") is None
+    assert load_peer(tmp_path / "nothing") is None
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("bench: peer section skipped: no peer artifacts in")
 
 
 def test_no_pdl_twins_are_valid_new_configs():
-    from skinny_gemm.aot import decode_phase
-
     cands = tune.candidates(4096, 4096, 1)
     twins = decode_phase.no_pdl_twins(cands, 4096, 4096)
     assert twins and not set(twins) & set(cands) and len(set(twins)) == len(twins)
@@ -386,7 +386,7 @@ def test_no_pdl_twins_are_valid_new_configs():
 
 
 def test_served_steps_hold_the_ops_between_the_gemms():
-    from skinny_gemm.aot import decode_phase, steps
+    from skinny_gemm.aot import steps
 
     path = steps.MODELS_DIR / "glm-5.3-flash.json"
     served = decode_phase.served_steps("sm_90a", path, [1, 4])
@@ -407,7 +407,6 @@ def test_decode_phase_times_pdl_on_and_off_in_every_cell(monkeypatch):
     """After a norm as after a GEMM, a cell's PDL-on candidates and their no-PDL twins all compete in the step."""
     import torch
 
-    from skinny_gemm.aot import decode_phase
     from skinny_gemm.kernels.config import KernelConfig
 
     on = KernelConfig(m=1, kind="simt", threads=64, k_threads=32, cols=1, unroll=1)
@@ -461,12 +460,12 @@ def test_bench_served_runs_the_peer_pdl_off_and_on_where_it_has_a_variant(monkey
             "peer+step": 28.0, "peer+bare": 18.0, "peer_pdl+step": 29.0, "peer_pdl+bare": 17.0}
     monkeypatch.setattr(ms, "time_graphs", lambda graphs, per, trials: {g: cost[g] for g in graphs})
     fake = FakePeer()
-    (row,) = bench.bench_served(HAND_MODEL, [(2, 1, bench.steps_build(HAND_MODEL, 2, 1))], trials=1, progress=False,
+    (row,) = bench_served(HAND_MODEL, [(2, 1, steps_build(HAND_MODEL, 2, 1))], trials=1, progress=False,
                                 peer_lib=fake, device=torch.device("cpu"))
     # Two qkv calls per graph, in the step and the bare chain, PDL off then on; the head stays on cuBLAS.
     assert fake.launched == [("v", 48, 64)] * 4 + [("v_pdl", 48, 64)] * 4
     assert row["peer_gemms"] == 2 and row["speedup"]["share"]["peer"] == 20.0 / 18.0
-    text = bench.markdown({"date": "d", "command": "c", "served": [row], "served_about": {"peer_version": "0.32.0"}})
+    text = markdown({"date": "d", "command": "c", "served": [row], "served_about": {"peer_version": "0.32.0"}})
     assert "peer share speedup (pdl off / on)" in text and "1.11x / 1.05x" in text
 
 
@@ -489,7 +488,7 @@ def test_prepare_writes_the_served_step_and_the_no_pdl_twins(monkeypatch, tmp_pa
     row = next(r for r in spec["cells"] if (r["n"], r["k"]) == (4096, 4096))
     cands = [tune.KernelConfig.from_json(c) for c in row["candidates"]]
     base = tune.candidates(4096, 4096, 2)
-    assert cands[: len(base)] == base and cands[len(base):] == tune.no_pdl_twins(base, 4096, 4096)
+    assert cands[: len(base)] == base and cands[len(base):] == decode_phase.no_pdl_twins(base, 4096, 4096)
     assert set(cands) <= compiled["configs"]
     # Without twins, or for a model file without a step: the candidates alone.
     tune.prepare("sm_90a", model, tmp_path / "plain", ms=[2], twins=False)
@@ -506,7 +505,7 @@ def test_bench_served_refuses_to_time_a_planned_cell_that_would_fall_back(monkey
     _fake_bench(monkeypatch, (1,))
     monkeypatch.setattr(ops, "plan", lambda x, w: None)
     with pytest.raises(SystemExit, match=r"\(96, 64, 1\) is planned but would not dispatch"):
-        bench.bench_served(HAND_MODEL, [(1, 1, bench.steps_build(HAND_MODEL, 1, 1))], trials=1, progress=False,
+        bench_served(HAND_MODEL, [(1, 1, steps_build(HAND_MODEL, 1, 1))], trials=1, progress=False,
                            device=torch.device("cpu"))
 
 

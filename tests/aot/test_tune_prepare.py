@@ -118,7 +118,7 @@ def test_a_catalogue_model_gets_its_served_step_at_every_asked_tp(compiled, tmp_
     row = next(r for r in spec["cells"] if (r["n"], r["k"], r["m"]) == (4096, 4096, 1))
     base = tune.candidates(4096, 4096, 1)
     cands = [tune.KernelConfig.from_json(c) for c in row["candidates"]]
-    assert cands == base + tune.no_pdl_twins(base, 4096, 4096), "twins as for the seed set"
+    assert cands == base + decode_phase.no_pdl_twins(base, 4096, 4096), "twins as for the seed set"
 
 
 def test_a_catalogue_model_without_a_step_keeps_no_decode_phase(compiled, tmp_path):

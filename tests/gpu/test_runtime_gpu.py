@@ -47,8 +47,9 @@ import torch.nn.functional as F
 from helpers.reference import allowed, assert_within_bound, poison_, poison_allocator, random_tensor, reference
 
 import skinny_gemm
-from skinny_gemm.runtime import diagnostics, loader, ops
-from skinny_gemm.runtime.artifacts import open_dir
+from skinny_gemm.runtime import diagnostics, driver, loader, ops
+from skinny_gemm.runtime.artifacts import ENV_ARTIFACTS, open_dir
+from skinny_gemm.runtime.devices import ArtifactWarning, DeviceTable
 from skinny_gemm.runtime.manifest import ARCH_FOR_CAPABILITY, MANIFEST_NAME
 
 pytestmark = pytest.mark.skipif(
@@ -133,7 +134,7 @@ def test_every_entry_eager(dev):
                 x = random_tensor((m, k), "cuda", scale, generator=gen)
                 b, r, added = extras(cfg, m, n, scale, gen) if with_extra else (None, None, None)
                 out = poison_(torch.empty(m, n, dtype=BF16, device="cuda"))
-                loader.launch(rec, x.data_ptr(), w.data_ptr(), out.data_ptr(), fourth(b, r), stream())
+                driver.launch(rec, x.data_ptr(), w.data_ptr(), out.data_ptr(), fourth(b, r), stream())
                 assert ops.plan(x, w, r, b) is rec, f"dispatch picked another record for {(n, k, m)}"
                 poison_allocator((m, n), "cuda")
                 y = skinny_gemm.linear(x, w, b, residual=r)
@@ -331,15 +332,15 @@ def test_first_call_of_a_shape_inside_capture(dev, monkeypatch):
     """The first call of a shape loads its variant (cuLibraryLoadData) and binds it inside the capture, in
     relaxed capture mode, and the kernel is what the graph replays. The earlier tests bound this GPU's
     variants already, so the call goes to a fresh library and table of the same artifacts."""
-    fresh = loader.DeviceTable(dev.ordinal, dev.name, dev.capability, dev.arch,
-                               open_dir(dev.library.directory, dev.arch))
+    fresh = DeviceTable(dev.ordinal, dev.name, dev.capability, dev.arch,
+                        open_dir(dev.library.directory, dev.arch))
     monkeypatch.setitem(loader.DEVICES, dev.ordinal, fresh)
     (n, k, m), vid = plans(dev)[-1]
     w = weight(n, k)
     x = random_tensor((m, k), "cuda")
     launches = []
-    real = loader.launch_raw
-    monkeypatch.setattr(loader, "launch_raw", lambda rec, *a: launches.append(rec.variant.id) or real(rec, *a))
+    real = driver.launch_raw
+    monkeypatch.setattr(driver, "launch_raw", lambda rec, *a: launches.append(rec.variant.id) or real(rec, *a))
     torch.cuda.synchronize()
     assert not fresh.library.kernels and not fresh.functions and fresh.table is None
     graph = torch.cuda.CUDAGraph()
@@ -408,17 +409,17 @@ LAZY_STATE = (
     "            'functions': sorted(dev.functions), 'bound': [] if dev.table is None else sorted(dev.table.bound)}\n"
     "def first_call():\n"
     "    import skinny_gemm\n"
-    "    from skinny_gemm.runtime import loader\n"
+    "    from skinny_gemm.runtime import driver, loader\n"
     "    from helpers.reference import assert_within_bound, random_tensor\n"
     "    (n, k, m), vid = sorted(loader.DEVICES[0].library.manifest.plans.items())[0]\n"
     "    x, w = random_tensor((m, k), 'cuda:0'), random_tensor((n, k), 'cuda:0', 0.05)\n"
     "    torch.cuda.synchronize()\n"
-    "    launches, real = [], loader.launch_raw\n"
-    "    loader.launch_raw = lambda rec, *a: launches.append(rec.variant.id) or real(rec, *a)\n"
+    "    launches, real = [], driver.launch_raw\n"
+    "    driver.launch_raw = lambda rec, *a: launches.append(rec.variant.id) or real(rec, *a)\n"
     "    t = time.perf_counter()\n"
     "    y = skinny_gemm.linear(x, w)\n"
     "    first_s = time.perf_counter() - t\n"
-    "    loader.launch_raw = real\n"
+    "    driver.launch_raw = real\n"
     "    torch.cuda.synchronize()\n"
     "    assert_within_bound(y, x, w, what='first call')\n"
     "    return {'key': [n, k, m], 'vid': vid, 'first_s': first_s, 'launches': launches, 'after': lazy_state()}\n"
@@ -483,7 +484,7 @@ def test_very_first_call_inside_capture_binds():
         "import torch\n"
         "load_skinny_gemm()\n"
         "import skinny_gemm\n"
-        "from skinny_gemm.runtime import loader, ops\n"
+        "from skinny_gemm.runtime import driver, loader, ops\n"
         "from helpers.reference import allowed, assert_within_bound, reference, poison_, random_tensor\n"
         "x0 = torch.empty(1, device='cuda')\n"
         "dev = loader.DEVICES[torch.cuda.current_device()]\n"
@@ -491,12 +492,12 @@ def test_very_first_call_inside_capture_binds():
         "x = random_tensor((m, k), 'cuda'); w = random_tensor((n, k), 'cuda', 0.05)\n"
         "torch.cuda.synchronize()\n"
         "unbound = not dev.library.kernels and not dev.functions and (dev.table is None or not dev.table.bound)\n"
-        "launches, real = [], loader.launch_raw\n"
-        "loader.launch_raw = lambda rec, *a: launches.append(rec.variant.id) or real(rec, *a)\n"
+        "launches, real = [], driver.launch_raw\n"
+        "driver.launch_raw = lambda rec, *a: launches.append(rec.variant.id) or real(rec, *a)\n"
         "g = torch.cuda.CUDAGraph()\n"
         "with torch.cuda.graph(g):\n"
         "    y = skinny_gemm.linear(x, w)\n"
-        "loader.launch_raw = real\n"
+        "driver.launch_raw = real\n"
         "# Read before any call outside the capture could bind it.\n"
         "in_capture = {'launches': launches, 'kernels': sorted(dev.library.kernels), 'functions': sorted(dev.functions),\n"
         "              'bound': sorted(dev.table.bound) if dev.table is not None else []}\n"
@@ -516,13 +517,13 @@ def test_two_streams(dev, monkeypatch):
     (n, k, m), _ = plans(dev)[len(plans(dev)) // 2]
     w, cfg = weight(n, k), config_of(dev, (n, k, m))
     seen = []
-    real = loader.launch_raw
+    real = driver.launch_raw
 
     def spy(rec, *args):
         seen.append(args[-1])
         return real(rec, *args)
 
-    monkeypatch.setattr(loader, "launch_raw", spy)
+    monkeypatch.setattr(driver, "launch_raw", spy)
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     x1, x2 = random_tensor((m, k), "cuda"), random_tensor((m, k), "cuda")
     b2, r2, added = extras(cfg, m, n)
@@ -566,8 +567,8 @@ def test_torch_compile(dev, monkeypatch, backend, mode):
     cfg = config_of(dev, (n, k, m))
     mod = Proj(weight(n, k), cfg.bias)
     launches = []
-    real = loader.launch_raw
-    monkeypatch.setattr(loader, "launch_raw", lambda rec, *a: launches.append(rec) or real(rec, *a))
+    real = driver.launch_raw
+    monkeypatch.setattr(driver, "launch_raw", lambda rec, *a: launches.append(rec) or real(rec, *a))
     torch._dynamo.reset()
     compiled = torch.compile(mod, backend=backend, mode=mode, fullgraph=True)
     gen = torch.Generator(device="cuda").manual_seed(5)
@@ -640,7 +641,8 @@ def test_tampered_artifacts_refused_on_the_real_driver(dev, tmp_path):
     res = run_py(
         "import torch, warnings\n"
         "load_skinny_gemm()\n"
-        "from skinny_gemm.runtime import loader\n"
+        "from skinny_gemm.runtime import driver, loader\n"
+        "from skinny_gemm.runtime.devices import ArtifactWarning\n"
         "from helpers.reference import allowed, assert_within_bound, reference, poison_, random_tensor\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
@@ -652,11 +654,11 @@ def test_tampered_artifacts_refused_on_the_real_driver(dev, tmp_path):
         "    checked.add(rec.variant.id)\n"
         "    x, w = random_tensor((m, k), 'cuda'), random_tensor((n, k), 'cuda', 0.05)\n"
         "    out = poison_(torch.empty(m, n, dtype=torch.bfloat16, device='cuda'))\n"
-        "    loader.launch(rec, x.data_ptr(), w.data_ptr(), out.data_ptr(), 0, torch.cuda.current_stream().cuda_stream)\n"
+        "    driver.launch(rec, x.data_ptr(), w.data_ptr(), out.data_ptr(), 0, torch.cuda.current_stream().cuda_stream)\n"
         "    torch.cuda.synchronize()\n"
         "    assert_within_bound(out, x, w, what='survivor ' + rec.variant.id)\n"
         "print(json.dumps({'refused': table.library.refused, 'device_refused': table.refused,\n"
-        "    'warnings': [str(w.message) for w in caught if issubclass(w.category, loader.ArtifactWarning)],\n"
+        "    'warnings': [str(w.message) for w in caught if issubclass(w.category, ArtifactWarning)],\n"
         "    'planned': sorted(table.table), 'survivors_checked': len(checked)}))\n"
     )
     refused = res["refused"]
@@ -684,7 +686,7 @@ def test_foreign_manifest_refused_on_the_real_driver(dev, tmp_path, how):
         other = next(a for a in ARCH_FOR_CAPABILITY.values() if a != data["arch"])
         data["arch"], data["capability"] = other, list(next(c for c, a in ARCH_FOR_CAPABILITY.items() if a == other))
     (dst / MANIFEST_NAME).write_text(json.dumps(data))
-    with pytest.warns(loader.ArtifactWarning, match=re.escape(str(dst / MANIFEST_NAME))):
+    with pytest.warns(ArtifactWarning, match=re.escape(str(dst / MANIFEST_NAME))):
         table = loader.load_dir(dst, torch.cuda.current_device())
     assert table.table == {} and table.library.error
 
@@ -708,9 +710,10 @@ def test_tampered_install_falls_back_in_a_fresh_process(dev, tmp_path):
         "import torch, warnings, torch.nn.functional as F\n"
         "load_skinny_gemm()\n"
         "import skinny_gemm\n"
-        "from skinny_gemm.runtime import ops, loader\n"
+        "from skinny_gemm.runtime import ops\n"
+        "from skinny_gemm.runtime.devices import ArtifactWarning\n"
         "def artifact_warnings(caught):\n"
-        "    return [str(w.message) for w in caught if issubclass(w.category, loader.ArtifactWarning)]\n"
+        "    return [str(w.message) for w in caught if issubclass(w.category, ArtifactWarning)]\n"
         "out = {}\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
@@ -722,7 +725,7 @@ def test_tampered_install_falls_back_in_a_fresh_process(dev, tmp_path):
         "        out[name + '_equal_f_linear'] = bool(torch.equal(skinny_gemm.linear(x, w), F.linear(x, w)))\n"
         "out['warnings'] = artifact_warnings(caught)\n"
         "print(json.dumps(out))\n",
-        env={loader.ENV_ARTIFACTS: str(root)},
+        env={ENV_ARTIFACTS: str(root)},
     )
     assert res["at_load"] == [], res
     assert len(res["warnings"]) == 1 and victim["file"] in res["warnings"][0], res
@@ -832,7 +835,7 @@ def _launch_guarded(rec, x, w, extra, m, n):
     """Launch into a poisoned output followed by 256 sentinel elements; returns (out, sentinel intact)."""
     buf = torch.full((m * n + 256,), 12352.0, dtype=BF16, device="cuda")
     poison_(buf[: m * n])
-    loader.launch(rec, x.data_ptr(), w.data_ptr(), buf.data_ptr(), ptr(extra), stream())
+    driver.launch(rec, x.data_ptr(), w.data_ptr(), buf.data_ptr(), ptr(extra), stream())
     torch.cuda.synchronize()
     return buf[: m * n].view(m, n), bool((buf[m * n:] == 12352.0).all())
 

@@ -46,11 +46,11 @@ def _prelude() -> str:
 COMMON = '''
 import torch, torch.nn.functional as F
 import skinny_gemm
-from skinny_gemm.runtime import loader, ops
+from skinny_gemm.runtime import driver, loader, ops
 from helpers.reference import allowed, assert_within_bound, poison_, random_tensor
 
 LAUNCHES = []
-_real = loader.launch_raw
+_real = driver.launch_raw
 
 
 def _spy(rec, *args):
@@ -58,7 +58,7 @@ def _spy(rec, *args):
     return _real(rec, *args)
 
 
-loader.launch_raw = _spy
+driver.launch_raw = _spy
 
 
 def check_cell(dev, n, k, m, gen, what):

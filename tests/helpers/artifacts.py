@@ -17,6 +17,8 @@ import pytest
 from helpers.fake_driver import FakeDriver
 from skinny_gemm.runtime import driver as driver_mod
 from skinny_gemm.runtime import loader
+from skinny_gemm.runtime.artifacts import ENV_ARTIFACTS
+from skinny_gemm.runtime.devices import ArtifactWarning
 from skinny_gemm.runtime.manifest import MANIFEST_NAME
 
 ARCHS = ("sm_90a", "sm_121")
@@ -58,7 +60,7 @@ def art(built, tmp_path, monkeypatch):
     """A private copy of the built artifacts, used through $SKINNY_GEMM_ARTIFACTS."""
     root = tmp_path / "art"
     shutil.copytree(built["root"], root)
-    monkeypatch.setenv(loader.ENV_ARTIFACTS, str(root))
+    monkeypatch.setenv(ENV_ARTIFACTS, str(root))
     return root
 
 
@@ -79,7 +81,7 @@ def fresh(monkeypatch):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             loader.load()
-        fake.warnings = [w for w in caught if issubclass(w.category, loader.ArtifactWarning)]
+        fake.warnings = [w for w in caught if issubclass(w.category, ArtifactWarning)]
         fake.override_warnings = [w for w in caught if issubclass(w.category, loader.ArtifactsOverrideWarning)]
         return fake
 
@@ -93,7 +95,7 @@ def bind_all(ordinal=0) -> list[str]:
         table = loader.DEVICES[ordinal].bind()
         for key in list(table):
             table.get(key)
-    return [str(w.message) for w in caught if issubclass(w.category, loader.ArtifactWarning)]
+    return [str(w.message) for w in caught if issubclass(w.category, ArtifactWarning)]
 
 
 def manifest_of(root, arch="sm_90a"):

@@ -1,4 +1,4 @@
-"""Correctness helpers for GPU tests (DESIGN.md, "How to measure"): a float64 reference, the elementwise
+"""Correctness helpers for GPU tests (method: docs/perf.md "How it was measured"): a float64 reference, the elementwise
 bound a correct BF16-output kernel meets at any input scale, output poisoning, random inputs with outliers.
 
 The bound: ``|y - ref| <= 2^-8 |ref| + 2^-16 (|x| @ |W|^T)``: one bf16 rounding (unit roundoff 2^-8)

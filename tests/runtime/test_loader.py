@@ -30,6 +30,7 @@ from helpers.fake_driver import FakeDriver, R
 
 from skinny_gemm.runtime import driver as driver_mod
 from skinny_gemm.runtime import elf, loader
+from skinny_gemm.runtime.devices import ArtifactWarning
 from skinny_gemm.runtime.manifest import MANIFEST_NAME, PARAMS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,8 +133,8 @@ def test_launch_packs_the_abi(fresh, art):
     fake = fresh()
     key, rec = next((key, r) for key, r in loader.DEVICES[0].table.items() if r.variant.pdl)
     n, k, m = key
-    loader.launch(rec, 0x1000, 0x2000, 0x3000, 0, 77)
-    loader.launch(rec, 0x1010, 0x2010, 0x3010, 0x4000, 78)
+    driver_mod.launch(rec, 0x1000, 0x2000, 0x3000, 0, 77)
+    driver_mod.launch(rec, 0x1010, 0x2010, 0x3010, 0x4000, 78)
     first, second = fake.launches
     assert (first["a"], first["w"], first["out"], first["residual"], first["n"], first["k"]) == (0x1000, 0x2000, 0x3000, 0, n, k)
     assert (second["a"], second["residual"], second["stream"]) == (0x1010, 0x4000, 78)
@@ -145,8 +146,8 @@ def test_launch_packs_the_abi(fresh, art):
 def test_launch_without_pdl_uses_plain_launch(fresh, art):
     fake = fresh()
     rec = next(iter(loader.DEVICES[0].table.values()))
-    plain = loader.Launch(dataclasses.replace(rec.variant, pdl=False), rec.function, rec.n, rec.k)
-    loader.launch(plain, 16, 32, 48, 0, 5)
+    plain = driver_mod.Launch(dataclasses.replace(rec.variant, pdl=False), rec.function, rec.n, rec.k)
+    driver_mod.launch(plain, 16, 32, 48, 0, 5)
     assert fake.launches[-1]["attrs"] == [] and fake.launches[-1]["n"] == rec.n
 
 
@@ -159,7 +160,7 @@ def test_cluster_split_launches_clusters(fresh, art):
     pdl, cluster = int(ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION), int(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
     for with_pdl, attrs in ((True, [(pdl, 1), (cluster, (2, 1, 1))]), (False, [(cluster, (2, 1, 1))])):
         variant = dataclasses.replace(rec.variant, config=dataclasses.replace(cfg, pdl=with_pdl), cluster=2, pdl=with_pdl)
-        loader.launch(loader.Launch(variant, rec.function, rec.n, rec.k), 16, 32, 48, 0, 5)
+        driver_mod.launch(driver_mod.Launch(variant, rec.function, rec.n, rec.k), 16, 32, 48, 0, 5)
         assert fake.launches[-1]["grid"] == (rec.n // variant.cols_per_cta * 2, 1, 1)
         assert fake.launches[-1]["attrs"] == attrs
 
@@ -170,7 +171,7 @@ def test_persistent_config_caps_the_grid(fresh, art):
     groups = rec.n // rec.variant.cols_per_cta
     assert groups > 1, "a one-group shape cannot show the cap"
     cfg = dataclasses.replace(rec.variant.config, prefetch=False, early=True, pdl=True, persist=max(groups // 2, 1))
-    loader.launch(loader.Launch(dataclasses.replace(rec.variant, config=cfg), rec.function, rec.n, rec.k), 16, 32, 48, 0, 5)
+    driver_mod.launch(driver_mod.Launch(dataclasses.replace(rec.variant, config=cfg), rec.function, rec.n, rec.k), 16, 32, 48, 0, 5)
     assert fake.launches[-1]["grid"] == (max(groups // 2, 1), 1, 1)
 
 
@@ -188,8 +189,8 @@ def test_launch_error_raises(fresh, art):
     fake = fresh()
     rec = next(iter(loader.DEVICES[0].table.values()))
     fake.cuLaunchKernelEx = lambda *a: (R.CUDA_ERROR_INVALID_HANDLE,)
-    with pytest.raises(loader.DriverError, match="CUDA_ERROR_INVALID_HANDLE"):
-        loader.launch(rec, 16, 32, 48, 0, 5)
+    with pytest.raises(driver_mod.DriverError, match="CUDA_ERROR_INVALID_HANDLE"):
+        driver_mod.launch(rec, 16, 32, 48, 0, 5)
 
 
 def test_flipped_byte_refuses_that_variant(fresh, art):
@@ -343,7 +344,7 @@ def test_first_call_outside_any_capture_refuses_a_driver_failure(fresh, art, mon
     fake = fresh(caps=[(9, 0), (9, 0)])
     fake.fail[f"cuLibraryLoadData:{v['symbol']}"] = R.CUDA_ERROR_INVALID_CONTEXT
     FakeCapture(monkeypatch, current=0)
-    with pytest.warns(loader.ArtifactWarning, match="CUDA_ERROR_INVALID_CONTEXT"):
+    with pytest.warns(ArtifactWarning, match="CUDA_ERROR_INVALID_CONTEXT"):
         assert loader.DEVICES[1].table.get(key) is None
     assert key not in loader.DEVICES[1].table and v["file"] in loader.DEVICES[1].library.refused
 
@@ -355,7 +356,7 @@ def test_damaged_cubin_inside_capture_is_refused_at_once(fresh, art, monkeypatch
     key = sorted(plans_of(art, v["id"]))[0]
     fresh()
     monkeypatch.setattr(driver_mod, "capturing", lambda ordinal: True)
-    with pytest.warns(loader.ArtifactWarning, match="sha256 mismatch"):
+    with pytest.warns(ArtifactWarning, match="sha256 mismatch"):
         assert loader.DEVICES[0].table.get(key) is None
     assert key not in loader.DEVICES[0].table
 
@@ -393,7 +394,7 @@ def test_warnings_as_errors_leave_a_complete_state(fresh, art):
     key = sorted(plans_of(art, v["id"]))[0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(loader.ArtifactWarning):
+        with pytest.raises(ArtifactWarning):
             table.get(key)
         assert table.get(key) is None, "refused once, quietly from then on"
     assert loader.STATE.loaded and loader.STATE.error is None
@@ -406,9 +407,9 @@ def test_manifest_warning_as_error_leaves_a_complete_state(monkeypatch, art):
     monkeypatch.setattr(driver_mod, "driver", FakeDriver())
     (art / "sm_90a" / MANIFEST_NAME).write_text("[]")
     with warnings.catch_warnings():
-        warnings.simplefilter("error", loader.ArtifactWarning)
+        warnings.simplefilter("error", ArtifactWarning)
         warnings.simplefilter("ignore", loader.ArtifactsOverrideWarning)
-        with pytest.raises(loader.ArtifactWarning):
+        with pytest.raises(ArtifactWarning):
             loader.load()
     assert loader.STATE.loaded and loader.STATE.error is None and loader.DEVICES[0].table == {}
 

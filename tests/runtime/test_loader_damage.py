@@ -22,6 +22,7 @@ from helpers.artifacts import (
 
 from skinny_gemm.aot import verify
 from skinny_gemm.runtime import diagnostics, loader
+from skinny_gemm.runtime.artifacts import ENV_ARTIFACTS, PACKAGE_ARTIFACTS, artifacts_root
 from skinny_gemm.runtime.manifest import MANIFEST_NAME
 
 
@@ -162,17 +163,17 @@ def test_override_is_warned_once_printed_and_verified(fresh, art, monkeypatch, c
     fake = fresh()
     assert len(fake.override_warnings) == 1 and str(art) in str(fake.override_warnings[0].message)
     loader.load()  # a second load is a no-op: no second warning
-    assert f"artifacts root: {art} (from ${loader.ENV_ARTIFACTS}" in diagnostics.env_report()
+    assert f"artifacts root: {art} (from ${ENV_ARTIFACTS}" in diagnostics.env_report()
     (art / "sm_121" / first_variant(art, "sm_121")["file"]).write_bytes(b"junk")
     assert cli.main(["verify"]) == 1, "verify with no path checks what the loader would load: the override"
     out = capsys.readouterr().out
     assert f"FAIL {art / 'sm_121' / first_variant(art, 'sm_121')['file']}: sha256 mismatch" in out
-    monkeypatch.delenv(loader.ENV_ARTIFACTS)
-    assert loader.artifacts_root() == loader.PACKAGE_ARTIFACTS
+    monkeypatch.delenv(ENV_ARTIFACTS)
+    assert artifacts_root() == PACKAGE_ARTIFACTS
 
 
 def test_no_override_no_warning(fresh, art, monkeypatch):
-    monkeypatch.delenv(loader.ENV_ARTIFACTS)
+    monkeypatch.delenv(ENV_ARTIFACTS)
     assert fresh().override_warnings == []
     assert "from $" not in diagnostics.env_report()
 

@@ -8,13 +8,14 @@ from helpers.retained import retained_bytes
 
 import skinny_gemm
 from skinny_gemm.runtime import diagnostics, loader
+from skinny_gemm.runtime.artifacts import ENV_ARTIFACTS
 
 
 def test_report_without_gpu_checks_the_artifacts_on_the_host(art):
     v = first_variant(art)
     (art / "sm_90a" / v["file"]).write_bytes(b"junk")
     text = diagnostics.env_report()
-    assert "GPU: none usable" in text and f"from ${loader.ENV_ARTIFACTS}" in text
+    assert "GPU: none usable" in text and f"from ${ENV_ARTIFACTS}" in text
     assert str(art / "sm_90a" / "manifest.json") in text and "instead of the package's" in text
     assert f"refused {v['file']}: sha256 mismatch" in text
     assert "sm_121 (host checks only)" in text

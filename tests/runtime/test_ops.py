@@ -13,6 +13,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import skinny_gemm
 from skinny_gemm.runtime import counters, loader, ops
+from skinny_gemm.runtime.artifacts import ENV_ARTIFACTS
+from skinny_gemm.runtime.devices import ArtifactWarning
 
 BF16 = torch.bfloat16
 
@@ -284,7 +286,7 @@ def test_failed_launch_warns_once_and_falls_back(fake_dispatch, monkeypatch):
     fake, fallbacks, (n, k, m) = fake_dispatch
     monkeypatch.setattr(ops, "_failed", set())
     fake.cuLaunchKernelEx = lambda *a: (fake.CUresult.CUDA_ERROR_INVALID_HANDLE,)
-    with pytest.warns(loader.ArtifactWarning, match="CUDA_ERROR_INVALID_HANDLE"):
+    with pytest.warns(ArtifactWarning, match="CUDA_ERROR_INVALID_HANDLE"):
         assert ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000)) == "fallback"
     assert (n, k, m) not in loader.DEVICES[0].table
     assert ops.run(FakeCuda((m, k), 0x1000), FakeCuda((n, k), 0x2000)) == "fallback"
@@ -318,7 +320,7 @@ def new_paths_built(tmp_path_factory):
 @pytest.fixture
 def bias_dispatch(monkeypatch, fresh, new_paths_built):
     """ops.run against a FakeDriver H200 loaded with the new-path variants; returns (fake driver, fallback calls)."""
-    monkeypatch.setenv(loader.ENV_ARTIFACTS, str(new_paths_built))
+    monkeypatch.setenv(ENV_ARTIFACTS, str(new_paths_built))
     monkeypatch.setitem(ops._KINDS, FakeCuda, True)
     monkeypatch.setattr(ops, "_raw_stream", lambda idx: 1234)
     monkeypatch.setattr(ops, "_current_device", lambda: 0)
