@@ -27,7 +27,7 @@ def test_plan_with_bad_shapes(tmp_path, capsys, monkeypatch, shapes):
     monkeypatch.setattr(plans, "plan_path", lambda arch: tmp_path / f"{arch}.json")  # never the committed tables
     bad = tmp_path / "shapes.json"
     bad.write_text(shapes)
-    assert cli.main(["plan", "--arch", "sm_121", "--shapes", str(bad)]) == 2
+    assert cli.main(["plan", "--arch", "sm_121", "--shapes", str(bad), "--out", str(tmp_path / "sm_121.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and str(bad) in err and "\n" not in err, err
     assert not (tmp_path / "sm_121.json").exists()

@@ -145,7 +145,7 @@ def _bad(tmp_path, capsys, text, name="config.json", tp=1):
 
 
 def test_bad_input_is_one_line_naming_file_and_field(tmp_path, capsys):
-    assert "not JSON" in _bad(tmp_path, capsys, "{ hidden_size: 1")
+    assert "unreadable JSON file (Expecting property name" in _bad(tmp_path, capsys, "{ hidden_size: 1")
     good = json.loads((CONFIGS / "qwen3-8b.json").read_text())
     del good["hidden_size"]
     assert "field 'hidden_size' is missing" in _bad(tmp_path, capsys, json.dumps(good))
