@@ -10,7 +10,7 @@ import time
 from helpers.artifacts import all_plans, bind_all, manifest_of
 
 from skinny_gemm.kernels.config import ConfigError, KernelConfig
-from skinny_gemm.runtime import artifacts, loader, manifest
+from skinny_gemm.runtime import artifacts, jsonfile, loader
 from skinny_gemm.runtime.manifest import MANIFEST_NAME
 
 SYNTHETIC = 1000
@@ -70,7 +70,7 @@ def count_reads(monkeypatch) -> list:
         return blob
 
     monkeypatch.setattr(artifacts, "read_bounded", spy)
-    monkeypatch.setattr(manifest, "read_bounded", spy)
+    monkeypatch.setattr(jsonfile, "read_bounded", spy)
     return reads
 
 
