@@ -60,31 +60,62 @@ VERBS = {
                                     "--cache-dir", str(tmp / "cache"), "--quiet", "--jobs", "1"],
     "list --plan": lambda p, tmp: ["list", "--arch", "sm_90a", "--plan", str(p)],
     "plan --shapes": lambda p, tmp: ["plan", "--arch", "sm_90a", "--shapes", str(p), "--out", _out(tmp)],
-    "tune prepare --shapes": lambda p, tmp: ["tune", "prepare", "--shapes", str(p), "--out", str(tmp / "cands")],
+    "tune prepare --shapes": lambda p, tmp: ["tune", "prepare", "--shapes", str(p), "--out", str(tmp / "cands"),
+                                             "--top", "1", "--jobs", "1"],
     "tune write": lambda p, tmp: ["tune", "write", str(p), "--out", _out(tmp)],
     "tune write --runs": lambda p, tmp: ["tune", "write", "--runs", str(p), "--out", _out(tmp)],
 }
 
 
-def _fifo(path):
+def _tiny_plan() -> dict:
+    data = json.loads(PLAN_90A.read_text())
+    return {"header": data["header"], "entries": data["entries"][:1]}
+
+
+def _tiny_shapes() -> dict:
+    return {"linears": {"q": {"tp": {"4": [4096, 4096]}}},
+            "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [1]}}}
+
+
+# verb -> a valid file of its kind: each hostile kind below is made from it, so what is refused is the hostile
+# part, not a field the file lacks.
+BASES = {
+    "coverage config": lambda: json.loads((HF_CONFIGS / "qwen3-8b.json").read_text()),
+    "coverage --plan": lambda: {"entries": [{"n": 4096, "k": 4096, "m": 1}]},
+    "build --plan": _tiny_plan,
+    "list --plan": _tiny_plan,
+    "plan --shapes": _tiny_shapes,
+    "tune prepare --shapes": _tiny_shapes,
+    "tune write": lambda: _results(),
+    "tune write --runs": lambda: {"runs": [{"file": "results.json"}]},
+}
+
+
+def _fifo(path, base):
     os.mkfifo(path)
 
 
-def _sparse(path):
+def _sparse(path, base):
     with open(path, "wb") as f:
+        f.write(json.dumps(base).encode())
         f.truncate(65 * 1024 * 1024)  # over the cap, never read
 
 
-# name -> what it does at the path
+def _with(extra: bytes):
+    """The valid file with one more top-level key whose value is ``extra`` (raw JSON bytes)."""
+    return lambda path, base: path.write_bytes(b'{"x": ' + extra + b", " + json.dumps(base).encode()[1:])
+
+
+# name -> what it makes at the path from the verb's valid file
 FILES = {
     "fifo": _fifo,
-    "directory": lambda p: p.mkdir(),
-    "not utf-8": lambda p: p.write_bytes(b'{"x": "\xff\xfe"}'),
-    "nested 100000 deep": lambda p: p.write_text('{"x": ' + "[" * 100000 + "]" * 100000 + "}"),
-    "nested 40 deep": lambda p: p.write_text('{"x": ' + "[" * 40 + "]" * 40 + "}"),
-    "NaN": lambda p: p.write_text('{"x": NaN}'),
+    "directory": lambda p, base: p.mkdir(),
+    "not utf-8": _with(b'"\xff\xfe"'),
+    "nested 100000 deep": _with(b"[" * 100000 + b"]" * 100000),
+    "nested 40 deep": _with(b"[" * 40 + b"]" * 40),
+    "NaN": _with(b"NaN"),
     "over the size cap": _sparse,
-    "a list": lambda p: p.write_text("[1, 2]"),
+    "a list": lambda p, base: p.write_text(json.dumps([base])),
 }
 
 
@@ -92,9 +123,21 @@ FILES = {
 @pytest.mark.parametrize("verb", sorted(VERBS))
 def test_hostile_file_is_one_line(verb, kind, tmp_path, capsys):
     path = tmp_path / "input.json"
-    FILES[kind](path)
+    FILES[kind](path, BASES[verb]())
     refused(capsys, VERBS[verb](path, tmp_path), path)
     assert not (tmp_path / "written.json").exists()
+
+
+# build and tune prepare would compile: their files are the ones list --plan and plan --shapes read.
+@pytest.mark.parametrize("verb", ["coverage config", "coverage --plan", "list --plan", "plan --shapes", "tune write",
+                                  "tune write --runs"])
+def test_the_valid_files_the_hostile_ones_are_made_from_pass(verb, tmp_path, capsys):
+    """The control: without the hostile part each file is accepted, so a refusal above is the hostile part's."""
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps(BASES[verb]()))
+    (tmp_path / "results.json").write_text(json.dumps(_results()))
+    assert cli.main(VERBS[verb](path, tmp_path)) == 0, capsys.readouterr().err
+    capsys.readouterr()
 
 
 # ---- fields: each file kind with one field wrong -------------------------------------------------------------------
