@@ -390,7 +390,7 @@ def _run_python(code: str, env: dict | None = None) -> str:
         "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t); t.register();"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", setup + code], capture_output=True, text=True, timeout=120, env=env, check=False
+        [sys.executable, "-c", setup + code], capture_output=True, text=True, timeout=300, env=env, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
