@@ -17,6 +17,8 @@ from tqdm import tqdm
 
 from ..kernels.config import KernelConfig
 from ..runtime import elf
+from ..runtime.files import MANIFEST_CAP, FileProblem, read_bounded
+from ..runtime.jsonfile import where
 from ..runtime.manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME, PARAMS, SCHEMA, dumps, write_atomic
 from ..runtime.version import __version__
 from . import plans
@@ -56,7 +58,11 @@ def source_digest(root: Path = PACKAGE_ROOT) -> str:
     """sha256 over the kernel sources (path and bytes, in a fixed order)."""
     h = hashlib.sha256()
     for rel in source_files(root):
-        h.update(rel.encode() + b"\0" + (root / rel).read_bytes() + b"\0")
+        try:  # bounded and non-blocking: a FIFO among the sources (verify --tree) must not hang
+            blob = read_bounded(root / rel, MANIFEST_CAP)
+        except FileProblem as exc:
+            raise BuildError(f"{where(root / rel)}: kernel source {exc}") from None
+        h.update(rel.encode() + b"\0" + blob + b"\0")
     return h.hexdigest()
 
 
@@ -136,6 +142,8 @@ def build(
     header, entries = plans.load(plan_file)
     if header["arch"] != arch:
         raise BuildError(f"{plan_file} is the plan table for {header['arch']}, not {arch}")
+    if not entries:
+        raise BuildError(f"{plan_file}: no entries: its build would plan nothing (every shape falls back)")
     configs = {e.config for e in entries}
     mapping = [{"n": e.n, "k": e.k, "m": e.m, "variant": e.config.name} for e in entries]
     return build_configs(arch, configs, mapping, Path(out_root) / arch, plan_file, cache_dir, jobs, progress)

@@ -105,7 +105,7 @@ def cmd_env(args) -> int:
 def cmd_plan(args) -> int:
     """Write heuristic plan tables for an arch's seed set (overwrites measured ones: use with care), or report a catalogue model's."""
     from .models import ModelError
-    from .plans import PlanError, heuristic_table, plan_models, plan_path
+    from .plans import PlanError, plan_models, write_heuristic
 
     if args.model or args.all:
         try:
@@ -117,17 +117,12 @@ def cmd_plan(args) -> int:
     if not args.shapes:
         print("error: plan needs --shapes FILE, --model SLUG or --all", file=sys.stderr)
         return 2
-    for arch in args.arch:
-        path = plan_path(arch)
-        if path.exists() and not args.force:
-            print(f"error: {path} exists; pass --force to replace it with heuristic entries", file=sys.stderr)
-            return 2
-        try:
-            text = heuristic_table(arch, Path(args.shapes))
-        except (ValueError, OSError, KeyError, TypeError, AttributeError, IndexError) as exc:
-            print(f"error: {args.shapes}: no heuristic plan for {arch} from these shapes ({exc!r})", file=sys.stderr)
-            return 2
-        path.write_text(text)
+    try:
+        written = write_heuristic(args.arch, Path(args.shapes), args.out, args.force)
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
         print(f"wrote {path}")
     return 0
 
@@ -170,12 +165,12 @@ def parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="heuristic (unmeasured) plan tables: a seed set (--shapes) or catalogue models")
     pl.add_argument("--arch", type=_archs, default=_archs(all_archs))
-    pl.add_argument("--shapes", help="the model's shapes file (glm53-flash-shapes.json): writes kernels/plans/<arch>.json")
+    pl.add_argument("--shapes", help="the model's shapes file (glm53-flash-shapes.json): writes the table to --out")
     pl.add_argument("--model", help="a catalogue slug (kernels/models/<slug>.json): report its BF16 cells' heuristic entries")
     pl.add_argument("--all", action="store_true", help="every catalogue model at every TP it lists")
     pl.add_argument("--tp", type=int, nargs="+", help="with --model/--all: only these TP sizes (default: every TP listed)")
     pl.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="token counts (default 1 2 4 8 16)")
-    pl.add_argument("--out", type=Path, help="with --model/--all: write the heuristic plan table here (never the committed one)")
+    pl.add_argument("--out", type=Path, help="write the heuristic plan table here (never into the installed package)")
     pl.add_argument("--force", action="store_true", help="replace an existing plan table")
     pl.set_defaults(func=cmd_plan)
 

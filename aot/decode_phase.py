@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..kernels.config import ConfigError, KernelConfig
+from ..runtime.jsonfile import InputError, read_json
 
 # Per cell, how many of the fastest isolated winners are re-timed inside the decode step
 # (each with its no-PDL twin, where that twin is a winner too).
@@ -71,7 +72,6 @@ def no_pdl_twins(cands: list[KernelConfig], n: int, k: int) -> list[KernelConfig
 
 def served_steps(arch: str, model_file, ms) -> list[dict]:
     """cells.json's decode entries: per TP of the seed set, its GEMM calls and the served step per M ([] if none)."""
-    import json
     from pathlib import Path
 
     from . import plans
@@ -79,7 +79,7 @@ def served_steps(arch: str, model_file, ms) -> list[dict]:
     calls = plans.decode_steps(arch, Path(model_file))
     if not calls:
         return []
-    model = json.loads(Path(model_file).read_text())
+    model = read_json(model_file, "model file")  # read and checked by decode_steps just before
     return [step_entry(model, arch, tp, ms, tp_calls) for tp, tp_calls in sorted(calls.items())]
 
 
@@ -87,12 +87,14 @@ def model_steps(arch: str, slug: str, tps, ms) -> tuple[list[dict], str]:
     """cells.json's decode entries for a catalogue model at the asked ``tps`` its step states, and a note on what
     has none ("" if every TP has its step). The GEMMs are the model's BF16 linears, as its catalogue cells are
     (a seed set's other linears included: the catalogue tunes them too)."""
-    import json
 
     from . import steps
 
     path = steps.model_path(slug)
-    model = json.loads(path.read_text())
+    try:
+        model = read_json(path, "model file")
+    except InputError as exc:
+        raise steps.StepError(str(exc)) from None
     if not steps.has_step(model):
         return [], f"no decode phase ({slug} has no served step)"
     steps.validate(model, str(path))

@@ -19,6 +19,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runtime.jsonfile import InputError, read_json
+
 MODELS_DIR = Path(__file__).resolve().parent.parent / "kernels" / "models"
 CATALOGUE_FILE = "catalogue.json"
 TPS = (1, 2, 4, 8)
@@ -253,9 +255,9 @@ def check_file(path: Path) -> list[str]:
     """Every problem of one model file, one line each, naming the file and the field."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        return [f"{path}: unreadable model file ({exc})"]
+        data = read_json(path, "model file")
+    except InputError as exc:
+        return [str(exc)]
     problems = structure_problems(data)
     if not problems:
         problems = consistency_problems(data)
@@ -270,7 +272,10 @@ def load(model: str | Path) -> dict:
     problems = check_file(path)
     if problems:
         raise ModelError("\n".join(problems))
-    return json.loads(path.read_text())
+    try:
+        return read_json(path, "model file")
+    except InputError as exc:  # replaced since it was checked
+        raise ModelError(str(exc)) from None
 
 
 def tps(data: dict) -> list[int]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..kernels.config import MAX_M, MMA_K_STEP, TAIL_K_GRAIN, ConfigError, KernelConfig
-from ..runtime.manifest import CAPABILITY_FOR_ARCH, dumps
+from ..runtime.jsonfile import Fields, InputError, printable, read_json
+from ..runtime.manifest import CAPABILITY_FOR_ARCH, config_of, dumps
 
 PLANS_DIR = Path(__file__).resolve().parent.parent / "kernels" / "plans"
 SHAPES_FILE = "glm53-flash-shapes.json"
@@ -46,9 +46,7 @@ def decode_steps(arch: str, shapes_file: Path) -> dict[int, list[tuple[int, int]
     no step or the step is not stated for every TP of the seed set."""
     from . import steps
 
-    data = json.loads(Path(shapes_file).read_text())
-    seed = data["seed_plan_sets"][arch]
-    tps = seed["tp"] if isinstance(seed["tp"], list) else [seed["tp"]]
+    data, _, tps = _seed_set(arch, shapes_file)
     if "step" not in data:
         return {}
     steps.validate(data, Path(shapes_file).name)
@@ -77,32 +75,53 @@ def plan_path(arch: str) -> Path:
     return PLANS_DIR / f"{arch}.json"
 
 
+def plan_target(arch: str, out: Path | None) -> Path:
+    """Where a CLI verb may write a plan table: ``out``, which must be given. Without it the target would be
+    the package's own table (``plan_path``), and a CLI command never writes into the installed package; in a
+    source checkout (pyproject.toml beside the package) an explicit ``--out`` may name the committed table,
+    which is how it is regenerated. Raises PlanError (one line) otherwise."""
+    own = plan_path(arch)
+    if out is None:
+        raise PlanError(f"refusing to write the package's own plan table {own}: pass --out FILE")
+    out = Path(out)
+    root = PLANS_DIR.parent.resolve()
+    installed = not (root / "pyproject.toml").is_file()
+    if installed and out.resolve().is_relative_to(root):
+        raise PlanError(f"refusing to write {out}: it is inside the installed package ({root}); pick a path outside")
+    return out
+
+
 def load(path: Path) -> tuple[dict, list[PlanEntry]]:
-    """Read a plan table; every entry passes the config's validity check for its shape."""
-    path = Path(path)
+    """Read a plan table; every entry passes the config's validity check for its shape. Raises PlanError with
+    one line naming the file (and the entry and field)."""
     try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PlanError(f"{path}: unreadable plan table ({exc})") from None
-    header = raw.get("header", {})
+        raw = read_json(path, "plan table")
+    except InputError as exc:
+        raise PlanError(str(exc)) from None
+    f = Fields(path, PlanError)
+    header = f.obj(f.get(f.obj(raw, "the plan table"), "header"), "field 'header'")
     if header.get("arch") not in CAPABILITY_FOR_ARCH:
-        raise PlanError(f"{path}: header arch {header.get('arch')!r} is not one of {sorted(CAPABILITY_FOR_ARCH)}")
+        f.fail("header field 'arch'", header.get("arch"), f"one of {sorted(CAPABILITY_FOR_ARCH)}")
     entries, seen = [], set()
-    for row in raw.get("entries", []):
-        key = (row["n"], row["k"], row["m"])
+    for i, row in enumerate(f.lst(f.get(raw, "entries"), "field 'entries'")):
+        place = f"entries[{i}] "
+        f.obj(row, f"entries[{i}]")
+        key = tuple(f.pos_int(f.get(row, x, place), f"{place}field {x!r}") for x in ("n", "k", "m"))
         if key in seen:
-            raise PlanError(f"{path}: duplicate entry {key}")
+            raise PlanError(f"{f.name}: duplicate entry {key}")
         seen.add(key)
         try:
-            cfg = KernelConfig.from_json(row["config"])
-            cfg.check(n=row["n"], k=row["k"])
+            cfg = config_of(f.obj(f.get(row, "config", place), f"{place}field 'config'"), n=key[0], k=key[1])
         except ConfigError as exc:
-            raise PlanError(f"{path}: entry (n={key[0]}, k={key[1]}, m={key[2]}): {exc}") from None
-        if cfg.m != row["m"]:
-            raise PlanError(f"{path}: entry {key} has a config for m={cfg.m}")
+            raise PlanError(f"{f.name}: entry (n={key[0]}, k={key[1]}, m={key[2]}): {exc}") from None
+        if cfg.m != key[2]:
+            raise PlanError(f"{f.name}: entry {key} has a config for m={cfg.m}")
         prov = row.get("provenance")
         if not isinstance(prov, dict) or prov.get("kind") not in ("measured", "heuristic"):
-            raise PlanError(f"{path}: entry {key} needs provenance kind 'measured' or 'heuristic'")
+            raise PlanError(f"{f.name}: entry {key} needs provenance kind 'measured' or 'heuristic'")
+        for name, value in prov.items():
+            if not printable(name) or isinstance(value, str) and not printable(value):
+                f.fail(f"{place}provenance field {ascii(name)}", value, "printable text")
         entries.append(PlanEntry(*key, cfg, prov))
     return header, sorted(entries, key=lambda e: (e.n, e.k, e.m))
 
@@ -205,15 +224,44 @@ def _mma(n: int, k: int, m: int, bias: bool) -> KernelConfig:
 
 
 def seed_shapes(arch: str, shapes_file: Path) -> list[tuple[int, int, int]]:
-    """The (n, k, m) cells of an arch's seed set in the model's shapes file."""
-    data = json.loads(Path(shapes_file).read_text())
-    seed = data["seed_plan_sets"][arch]
-    tps = seed["tp"] if isinstance(seed["tp"], list) else [seed["tp"]]
-    shapes = {tuple(data["linears"][name]["tp"][str(tp)]) for name in seed["linears"] for tp in tps}
-    cells = {(n, k, m) for n, k in shapes for m in seed["planned_M"]}
+    """The (n, k, m) cells of an arch's seed set in the model's shapes file; PlanError (one line, naming the file
+    and the field) on a file that is not one."""
+    data, seed, tps = _seed_set(arch, shapes_file)
+    f = Fields(shapes_file, PlanError)
+    linears = f.obj(f.get(data, "linears"), "field 'linears'")
+    shapes = set()
+    for i, name in enumerate(f.lst(f.get(seed, "linears", f"seed_plan_sets.{arch} "), f"seed_plan_sets.{arch}.linears")):
+        if type(name) is not str or name not in linears:
+            f.fail(f"seed_plan_sets.{arch}.linears[{i}]", name, "the name of one of its linears")
+        per_tp = f.obj(f.get(f.obj(linears[name], f"linears.{name}"), "tp", f"linears.{name} "), f"linears.{name}.tp")
+        for tp in tps:
+            shape = f.get(per_tp, str(tp), f"linears.{name}.tp ")
+            if type(shape) is not list or len(shape) != 2:
+                f.fail(f"linears.{name}.tp.{tp}", shape, "[n, k]")
+            shapes.add(tuple(f.pos_int(v, f"linears.{name}.tp.{tp}[{j}]") for j, v in enumerate(shape)))
+    ms = [f.pos_int(m, f"seed_plan_sets.{arch}.planned_M[{i}]", MAX_M)
+          for i, m in enumerate(f.lst(f.get(seed, "planned_M", f"seed_plan_sets.{arch} "), f"seed_plan_sets.{arch}.planned_M"))]
+    cells = {(n, k, m) for n, k in shapes for m in ms}
     # cells a measurement left on cuBLAS (the model file says which and why)
-    cells -= {tuple(cell) for cell in seed.get("cuBLAS_cells", ())}
+    for i, cell in enumerate(f.lst(seed.get("cuBLAS_cells", []), f"seed_plan_sets.{arch}.cuBLAS_cells")):
+        if type(cell) is not list or len(cell) != 3:
+            f.fail(f"seed_plan_sets.{arch}.cuBLAS_cells[{i}]", cell, "[n, k, m]")
+        cells.discard(tuple(cell))
     return sorted(cells)
+
+
+def _seed_set(arch: str, shapes_file: Path) -> tuple[dict, dict, list[int]]:
+    """The shapes file's JSON (through the one bounded reader), its seed set for ``arch`` and that set's TPs."""
+    try:
+        data = read_json(shapes_file, "shapes file")
+    except InputError as exc:
+        raise PlanError(str(exc)) from None
+    f = Fields(shapes_file, PlanError)
+    sets = f.obj(f.get(f.obj(data, "the shapes file"), "seed_plan_sets"), "field 'seed_plan_sets'")
+    seed = f.obj(f.get(sets, arch, "seed_plan_sets "), f"seed_plan_sets.{arch}")
+    tp = f.get(seed, "tp", f"seed_plan_sets.{arch} ")
+    tps = tp if type(tp) is list else [tp]
+    return data, seed, [f.pos_int(t, f"seed_plan_sets.{arch}.tp") for t in tps]
 
 
 def heuristic_table(arch: str, shapes_file: Path) -> str:
@@ -231,6 +279,23 @@ def heuristic_table(arch: str, shapes_file: Path) -> str:
         for cfg in [heuristic_config(n, k, m)]
     ]
     return render(header, entries)
+
+
+def write_heuristic(archs: list[str], shapes_file: Path, out: Path | None, force: bool) -> list[Path]:
+    """`plan --shapes`: the heuristic table of each arch's seed set, written to ``out`` (one arch; never the
+    package's own table, see ``plan_target``); an existing file only with ``force``. Returns the paths written;
+    PlanError (one line) on any refusal, before anything is written."""
+    if out is not None and len(archs) != 1:
+        raise PlanError(f"--out {out} takes one arch (pass --arch sm_90a or --arch sm_121)")
+    todo = []
+    for arch in archs:
+        path = plan_target(arch, out)
+        if path.exists() and not force:
+            raise PlanError(f"{path} exists; pass --force to replace it with heuristic entries")
+        todo.append((path, heuristic_table(arch, shapes_file)))
+    for path, text in todo:
+        path.write_text(text)
+    return [path for path, _ in todo]
 
 
 # The token counts the catalogue is planned for: vLLM's decode graph sizes up to 16 (catalogue.json).
@@ -341,6 +406,6 @@ def plan_models(arch: str, model: str | None, tps: list[int] | None, every: bool
     text = catalogue_report(entries, reasons)
     if out:
         what = "all models" if every else ", ".join(f"{s} tp{tp}" for s, tp in pairs)
-        Path(out).write_text(catalogue_table(arch, entries, what))
+        plan_target(arch, out).write_text(catalogue_table(arch, entries, what))
         text += f"\nwrote {out} (heuristic entries: build and verify them; a wheel ships only measured ones)"
     return text

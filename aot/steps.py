@@ -37,9 +37,10 @@ line naming the file and the entry, before any GPU work.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..runtime.jsonfile import InputError, read_json
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "kernels" / "models"
 
@@ -94,11 +95,9 @@ def load(path: str | Path) -> dict:
     """Read a model file and validate its step; raises StepError (one line) on any problem."""
     path = model_path(path)
     try:
-        model = json.loads(path.read_text())
-    except OSError as exc:
-        raise StepError(f"{path}: unreadable ({exc.strerror or exc})") from None
-    except ValueError as exc:
-        raise StepError(f"{path}: malformed JSON ({exc})") from None
+        model = read_json(path, "model file")
+    except InputError as exc:
+        raise StepError(str(exc)) from None
     if not isinstance(model, dict):
         raise StepError(f"{path}: not a model description (a JSON object)")
     validate(model, str(path))

@@ -35,8 +35,10 @@ import json
 import sys
 from pathlib import Path
 
-from ..kernels.config import MAX_M, KernelConfig
-from ..runtime.manifest import dumps
+from ..kernels.config import MAX_M, ConfigError, KernelConfig
+from ..runtime.files import plain_name
+from ..runtime.jsonfile import Fields, InputError, printable, read_json
+from ..runtime.manifest import CAPABILITY_FOR_ARCH, config_of, dumps
 from . import candidates as _candidates
 from .candidates import cell_rows, max_candidates, plan_configs, plan_rows, resident_ctas, spaces
 from .decode_phase import (
@@ -296,7 +298,7 @@ def merge_results(paths: list) -> list[tuple[dict, dict]]:
     arch = None
     for item in paths:
         path, ms = item if isinstance(item, tuple) else (item, None)
-        data = json.loads(Path(path).read_text())
+        data = read_results(path)
         if arch not in (None, data["arch"]):
             raise ValueError(f"{path}: results for {data['arch']}, the others are for {arch}")
         arch = data["arch"]
@@ -304,6 +306,47 @@ def merge_results(paths: list) -> list[tuple[dict, dict]]:
             if ms is None or row["m"] in ms:
                 cells[(row["n"], row["k"], row["m"])] = (data, row)
     return [cells[key] for key in sorted(cells)]
+
+
+def read_results(path) -> dict:
+    """A `tune measure` results file through the one bounded reader, every field `write_plan` uses typed and
+    ranged; ValueError (one line naming the file and the field) otherwise."""
+    try:
+        data = read_json(path, "tuner results")
+    except InputError as exc:
+        raise ValueError(str(exc)) from None
+    f = Fields(path, ValueError)
+    f.obj(data, "the results file")
+    if f.get(data, "arch") not in CAPABILITY_FOR_ARCH:
+        f.fail("field 'arch'", data["arch"], f"one of {sorted(CAPABILITY_FOR_ARCH)}")
+    for key in ("gpu", "date", "method"):
+        f.text(f.get(data, key), f"field {key!r}")
+    for i, row in enumerate(f.lst(f.get(data, "cells"), "field 'cells'")):
+        place = f"cells[{i}]"
+        f.obj(row, place)
+        n, k, _ = (f.pos_int(f.get(row, x, f"{place} "), f"{place} field {x!r}") for x in ("n", "k", "m"))
+        if type(f.get(row, "cublas_us", f"{place} ")) not in (int, float) or not row["cublas_us"] > 0:
+            f.fail(f"{place} field 'cublas_us'", row["cublas_us"], "a positive number")
+        for name, c in f.obj(f.get(row, "candidates", f"{place} "), f"{place} field 'candidates'").items():
+            where = f"{place} candidate {ascii(name)}"
+            f.obj(c, where)
+            us = f.get(c, "us", f"{where} ")
+            if us is not None and (type(us) not in (int, float) or us < 0):
+                f.fail(f"{where} field 'us'", us, "a number >= 0 or null")
+            bad = f.get(c, "bad_elements", f"{where} ")
+            if type(bad) is not int or bad < 0:
+                f.fail(f"{where} field 'bad_elements'", bad, "an int >= 0")
+            try:
+                config_of(f.obj(f.get(c, "config", f"{where} "), f"{where} field 'config'"), n=n, k=k)
+            except ConfigError as exc:
+                raise ValueError(f"{f.name}: {where}: {exc}") from None
+        decode = f.obj(row.get("decode", {}), f"{place} field 'decode'")
+        if "chosen" in decode and type(decode["chosen"]) is not str:
+            f.fail(f"{place} decode field 'chosen'", decode["chosen"], "a candidate name")
+        confirm = f.obj(decode.get("confirm", {}), f"{place} decode field 'confirm'")
+        if "kept" in confirm:
+            f.boolean(confirm["kept"], f"{place} decode.confirm field 'kept'")
+    return data
 
 
 def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = None) -> tuple[Path, int, int]:
@@ -351,7 +394,11 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
         "source": f"skinny-gemm tune on {', '.join(f'{g}, {day}' for g, day in runs)}; "
         f"cells under {min_speedup}x stay on cuBLAS",
     }
-    path = Path(out) if out else plans.plan_path(arch)
+    path = plans.plan_target(arch, out)
+    if not entries:
+        # Written, it would replace a table with one that plans nothing: every shape would fall back.
+        raise ValueError(f"no cell of {len(merged)} beats cuBLAS by {min_speedup}x: refusing to write an empty "
+                         f"plan table to {path}")
     path.write_text(plans.render(header, entries))
     return path, len(entries), skipped
 
@@ -416,6 +463,8 @@ def add_arguments(p) -> None:
                     help="instead: the runs listed in a runs.json, in its order (the committed plan: "
                     "kernels/plans/tuning/sm_90a/runs.json)")
     wr.add_argument("--min-speedup", type=float, default=MIN_SPEEDUP)
+    wr.add_argument("--out", type=Path, help="the plan table to write (required: never the installed package's; in a "
+                    "source checkout kernels/plans/<arch>.json regenerates the committed one)")
     p.set_defaults(func=main)
 
 
@@ -429,11 +478,22 @@ def _write_inputs(results: list[Path], runs: Path | None) -> list[Path]:
     if results:
         raise ValueError("write takes results files or --runs, not both")
     try:
-        listed = json.loads(runs.read_text())["runs"]
-        return [(runs.parent / run["file"], set(run["ms"])) if "ms" in run else runs.parent / run["file"]
-                for run in listed]
-    except (KeyError, TypeError) as exc:
-        raise ValueError(f"{runs}: not a runs list ({{'runs': [{{'file': ...}}, ...]}}): {exc!r}") from None
+        data = read_json(runs, "runs list")
+    except InputError as exc:
+        raise ValueError(str(exc)) from None
+    f = Fields(runs, ValueError)
+    found = []
+    for i, run in enumerate(f.lst(f.get(f.obj(data, "the runs list"), "runs"), "field 'runs'")):
+        f.obj(run, f"runs[{i}]")
+        name = f.get(run, "file", f"runs[{i}] ")
+        if not (plain_name(name) and printable(name)):
+            f.fail(f"runs[{i}] field 'file'", name, "a plain file name beside the runs list")
+        if "ms" in run:
+            ms = {f.pos_int(m, f"runs[{i}] field 'ms'", MAX_M) for m in f.lst(run["ms"], f"runs[{i}] field 'ms'")}
+            found.append((runs.parent / name, ms))
+        else:
+            found.append(runs.parent / name)
+    return found
 
 
 def _at_least_zero(text: str) -> int:
@@ -454,6 +514,8 @@ def _at_least_one(text: str) -> int:
 
 def main(args) -> int:
     """Run one tuning phase; a bad request (unknown M, results of two archs, no cells) is one line on stderr, exit 2."""
+    from .build import BuildError
+
     try:
         if args.phase == "prepare":
             print(prepare(args.arch, args.shapes, args.out, args.jobs, args.m, args.model, args.tp, args.all,
@@ -471,9 +533,15 @@ def main(args) -> int:
                            confirm_trials=args.confirm_trials)
             print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")
         else:
-            path, planned, skipped = write_plan(_write_inputs(args.results, args.runs), args.min_speedup)
+            path, planned, skipped = write_plan(_write_inputs(args.results, args.runs), args.min_speedup, args.out)
             print(f"wrote {path}: {planned} cells planned, {skipped} left on cuBLAS")
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, BuildError) as exc:
         print(f"skinny-gemm tune {args.phase}: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:  # prepare's compile workers import the kernels, which import cutlass
+        if not (exc.name or "").startswith("cutlass"):
+            raise
+        print(f"skinny-gemm tune {args.phase}: error: needs nvidia-cutlass-dsl (pip install nvidia-cutlass-dsl==4.8.1)",
+              file=sys.stderr)
         return 2
     return 0

@@ -9,6 +9,7 @@ kernel sources the build was made from, and files the manifest does not name.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import stat
@@ -19,12 +20,15 @@ from pathlib import Path, PurePosixPath
 
 from ..runtime.artifacts import artifacts_root, open_dir
 from ..runtime.files import MANIFEST_CAP, FileProblem, read_bounded
+from ..runtime.jsonfile import printable
+from ..runtime.jsonfile import where as shown
 from ..runtime.manifest import MANIFEST_NAME
-from .build import PACKAGE_ROOT, source_digest
+from .build import PACKAGE_ROOT, BuildError, source_digest
 
 # What a wheel may unpack to: its entries are checked against these before anything is written.
 WHEEL_ENTRY_CAP = 64 * 1024 * 1024
 WHEEL_TOTAL_CAP = 512 * 1024 * 1024
+WHEEL_FILE_CAP = 512 * 1024 * 1024
 
 
 def _tree_version(root: Path) -> str | None:
@@ -46,7 +50,7 @@ def verify_arch_dir(arch_dir: Path, tree: Path) -> list[str]:
         return [lib.error]
     raw = lib.manifest.raw
     problems: list[str] = []
-    plan_file = tree / raw["plan_file"]
+    plan_file = tree / raw["plan_file"]  # the manifest's check keeps it a relative path inside the tree
     try:
         plan_blob = read_bounded(plan_file, MANIFEST_CAP)
     except FileProblem as exc:
@@ -57,23 +61,31 @@ def verify_arch_dir(arch_dir: Path, tree: Path) -> list[str]:
     try:
         if source_digest(tree) != raw["source_sha256"]:
             problems.append(f"{where}: stale build: kernel sources changed after the build (source_sha256 differs)")
-    except OSError as exc:
-        problems.append(f"{where}: kernel sources missing in {tree} ({exc})")
+    except (OSError, BuildError) as exc:
+        problems.append(f"{where}: kernel sources unreadable in {shown(tree)} ({exc})")
     problems += lib.check_all()
     known = {MANIFEST_NAME} | set(lib.manifest.files.values())
     for entry in sorted(arch_dir.iterdir()):
         if entry.name not in known:
-            problems.append(f"{entry}: orphan file, not in the manifest")
+            problems.append(f"{shown(entry)}: orphan file, not in the manifest")
     return problems
 
 
 def _unpack(path: Path, dest: str) -> str | None:
     """Extract a wheel into ``dest`` after checking every entry; the one-line problem, or None."""
     try:
-        with zipfile.ZipFile(path) as whl:
+        # Read first, bounded and non-blocking: a FIFO named *.whl must not hang verify.
+        blob = read_bounded(path, WHEEL_FILE_CAP)
+        with zipfile.ZipFile(io.BytesIO(blob)) as whl:
             entries = whl.infolist()
-            total = 0
+            total, names = 0, set()
             for info in entries:
+                if not printable(info.filename):
+                    return f"{shown(path)}: entry {ascii(info.filename)} is not a printable name"
+                if info.filename in names:
+                    # extractall would write both, the last one winning: what is verified must be what pip installs.
+                    return f"{shown(path)}: entry {info.filename!r} appears twice"
+                names.add(info.filename)
                 name = PurePosixPath(info.filename)
                 if info.filename.startswith("/") or "\\" in info.filename or ".." in name.parts or ":" in info.filename:
                     return f"{path}: entry {info.filename!r} is not a plain path inside the wheel"
@@ -87,6 +99,8 @@ def _unpack(path: Path, dest: str) -> str | None:
             if total > WHEEL_TOTAL_CAP:
                 return f"{path}: unpacks to {total} bytes, over {WHEEL_TOTAL_CAP}"
             whl.extractall(dest)
+    except FileProblem as exc:
+        return f"{shown(path)}: wheel {exc}"
     except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
             ValueError, zlib.error) as exc:
         return f"{path}: not a readable wheel ({type(exc).__name__}: {exc})"

@@ -43,9 +43,10 @@ def artifacts_override() -> str | None:
 
 
 def artifacts_root() -> Path:
-    """The folder holding ``<arch>/manifest.json`` that the loader reads: the override, else the package's."""
+    """The folder holding ``<arch>/manifest.json`` that the loader reads: the override (made absolute now, so
+    a later ``chdir`` cannot move the cubins read at first use), else the package's."""
     env = artifacts_override()
-    return Path(env) if env else PACKAGE_ARTIFACTS
+    return Path(os.path.abspath(env)) if env else PACKAGE_ARTIFACTS
 
 
 @dataclass(eq=False)

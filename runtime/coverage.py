@@ -25,7 +25,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME, ManifestError, parse
+from .artifacts import artifacts_root, open_dir
+from .jsonfile import I32_MAX, Fields, InputError, read_json, show, where
+from .manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = PACKAGE_ROOT / "kernels" / "models"
@@ -83,8 +85,35 @@ class _Fields:
         value = self.data.get(key, default)
         if value is None:
             raise CoverageError(f"{self.source}: field {key!r} is missing (needed to derive the linears)")
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise CoverageError(f"{self.source}: field {key!r} must be a positive integer, not {value!r}")
+        if type(value) is not int or not 1 <= value <= I32_MAX:
+            raise CoverageError(f"{self.source}: field {key!r} must be a positive integer up to {I32_MAX}, "
+                                f"not {show(value)}")
+        return value
+
+    def count(self, key: str) -> int:
+        """An optional count (0 when absent or null)."""
+        value = self.data.get(key)
+        if value is None:
+            return 0
+        if type(value) is not int or not 0 <= value <= I32_MAX:
+            raise CoverageError(f"{self.source}: field {key!r} must be an integer 0..{I32_MAX}, not {show(value)}")
+        return value
+
+    def ints(self, key: str) -> list[int]:
+        """An optional list of layer indexes ([] when absent or null)."""
+        value = self.data.get(key)
+        if value is None:
+            return []
+        if type(value) is not list or not all(type(v) is int and 0 <= v <= I32_MAX for v in value):
+            raise CoverageError(f"{self.source}: field {key!r} must be a list of layer indexes, not {show(value)}")
+        return value
+
+    def flag(self, key: str) -> bool:
+        value = self.data.get(key, False)
+        if value is None:
+            return False
+        if type(value) is not bool:
+            raise CoverageError(f"{self.source}: field {key!r} must be true or false, not {show(value)}")
         return value
 
     def get(self, key: str, default=None):
@@ -145,7 +174,7 @@ def _checkpoint_dtype(c: _Fields, arch: str) -> str:
 def _dense(c: _Fields, tp: int, arch: str) -> list[Linear]:
     dtype = _checkpoint_dtype(c, arch)
     # Qwen2 always has a qkv bias (and none on o_proj); Llama and Mistral put attention_bias on both.
-    attention_bias = bool(c.get("attention_bias", False))
+    attention_bias = c.flag("attention_bias")
     bias = arch == "Qwen2ForCausalLM" or attention_bias
     o_bias = attention_bias and arch in ("LlamaForCausalLM", "MistralForCausalLM")
     layers = c.int("num_hidden_layers")
@@ -156,12 +185,12 @@ def _dense(c: _Fields, tp: int, arch: str) -> list[Linear]:
 def _moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
     dtype = _checkpoint_dtype(c, arch)
     layers, step = c.int("num_hidden_layers"), c.int("decoder_sparse_step", 1)
-    dense_only = set(c.get("mlp_only_layers") or [])
+    dense_only = set(c.ints("mlp_only_layers"))
     sparse = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
     dense = [] if sparse == layers else _mlp(c, tp, c.int("intermediate_size"), layers - sparse, dtype)
     c.int("moe_intermediate_size")  # the experts' (not linears), but a Qwen3-MoE config without it is broken
     router = Linear("router", "router", c.int("num_experts"), c.int("hidden_size"), sparse, "bf16", plugin=ROUTER)
-    return [*_attention(c, tp, dtype, bool(c.get("attention_bias", False))), *dense, router, _head(c, tp)]
+    return [*_attention(c, tp, dtype, c.flag("attention_bias")), *dense, router, _head(c, tp)]
 
 
 def _mla(c: _Fields, tp: int, arch: str, target: str | None) -> list[Linear]:
@@ -169,7 +198,7 @@ def _mla(c: _Fields, tp: int, arch: str, target: str | None) -> list[Linear]:
     hidden, heads, layers = c.int("hidden_size"), c.int("num_attention_heads"), c.int("num_hidden_layers")
     local = _split(heads, tp, "num_attention_heads", c.source)
     nope, rope, v_dim = c.int("qk_nope_head_dim"), c.int("qk_rope_head_dim"), c.int("v_head_dim")
-    kv_lora, q_lora = c.int("kv_lora_rank"), c.get("q_lora_rank")
+    kv_lora, q_lora = c.int("kv_lora_rank"), c.count("q_lora_rank")
     out = []
     if q_lora:
         q_lora = c.int("q_lora_rank")
@@ -186,10 +215,10 @@ def _mla(c: _Fields, tp: int, arch: str, target: str | None) -> list[Linear]:
     # Decode absorbs kv_b_proj into MLA's bmm weights: it is built, but called only by prefill.
     out.append(Linear("kv_b_proj", "linear", local * (nope + v_dim), kv_lora, 0, dtype))
     out.append(Linear("o_proj", "linear", hidden, local * v_dim, layers, dtype))
-    first_dense = min(c.get("first_k_dense_replace") or 0, layers)
+    first_dense = min(c.count("first_k_dense_replace"), layers)
     moe_layers = layers - first_dense
     out += _mlp(c, tp, c.int("intermediate_size"), first_dense, dtype, prefix="dense_")
-    shared = c.get("n_shared_experts") or 0
+    shared = c.count("n_shared_experts")
     if shared and moe_layers:
         moe_inter = c.int("moe_intermediate_size")
         out += _mlp(c, tp, moe_inter * shared, moe_layers, dtype, prefix="shared_expert_")
@@ -216,7 +245,7 @@ def derive(config: dict, tp: int, source: str, target: str | None = None) -> tup
     if arch in MLA:
         return arch, _mla(c, tp, arch, target)
     raise CoverageError(
-        f"{source}: field 'architectures' names {arch}, which coverage cannot derive (dense Llama/Mistral/Qwen/Gemma, "
+        f"{source}: field 'architectures' names {where(arch)}, which coverage cannot derive (dense Llama/Mistral/Qwen/Gemma, "
         f"MoE Qwen3-MoE, MLA DeepSeek-V2/V3); {SUMMARY_HINT}"
     )
 
@@ -225,36 +254,41 @@ def catalogue_linears(slug: str, tp: int) -> tuple[str, list[Linear]]:
     """(display name, per-rank linears) of a catalogue model, from its ``linears``."""
     path = MODELS_DIR / f"{slug}.json"
     data = _read_json(path)
-    linears = data.get("linears")
-    if not isinstance(linears, dict):
-        raise CoverageError(f"{path}: field 'linears' is missing")
+    f = Fields(path, CoverageError)
+    linears = f.obj(f.get(data, "linears"), "field 'linears'")
     out, tps = [], set()
     for name, spec in sorted(linears.items()):
-        shapes = spec.get("tp", {})
+        place = f"linears.{name}"
+        shapes = f.obj(f.obj(spec, place).get("tp", {}), f"{place}.tp")
+        if not all(t.isdigit() for t in shapes):
+            f.fail(f"{place}.tp", sorted(shapes), "TP sizes")
         tps |= set(shapes)
         if str(tp) not in shapes:
             continue
-        n, k = shapes[str(tp)]
-        kind = spec.get("kind", "lm_head" if name == "lm_head" else "linear")
-        plugin = spec.get("plugin", CANDIDATE)  # a biased layer is a candidate too (its `bias` says so)
-        out.append(Linear(name, kind, n, k, spec.get("calls_per_step", 0), spec.get("dtype", "bf16"),
-                          bool(spec.get("bias", False)), plugin))
+        shape = shapes[str(tp)]
+        if type(shape) is not list or len(shape) != 2:
+            f.fail(f"{place}.tp.{tp}", shape, "[n, k]")
+        n, k = (f.pos_int(v, f"{place}.tp.{tp}") for v in shape)
+        kind = f.text(spec.get("kind", "lm_head" if name == "lm_head" else "linear"), f"{place}.kind")
+        plugin = f.text(spec.get("plugin", CANDIDATE), f"{place}.plugin")  # a biased layer is a candidate too
+        calls = spec.get("calls_per_step", 0)
+        if type(calls) is not int or not 0 <= calls <= I32_MAX:
+            f.fail(f"{place}.calls_per_step", calls, "an int >= 0")
+        out.append(Linear(name, kind, n, k, calls, f.text(spec.get("dtype", "bf16"), f"{place}.dtype"),
+                          f.boolean(spec.get("bias", False), f"{place}.bias"), plugin))
     if not out:
         raise CoverageError(f"{path}: no linears at --tp {tp} (the catalogue lists TP {', '.join(sorted(tps, key=int))})")
-    return data.get("name", slug), out
+    return f.text(data.get("name", slug), "field 'name'"), out
 
 
 def _read_json(path: Path) -> dict:
+    """A JSON object through the one bounded reader (runtime/jsonfile.py); CoverageError (one line) otherwise."""
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise CoverageError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise CoverageError(f"{path}: not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise CoverageError(f"{path}: not a JSON object")
+        data = read_json(path, "JSON file")
+    except InputError as exc:
+        raise CoverageError(str(exc)) from None
+    if type(data) is not dict:
+        raise CoverageError(f"{where(path)}: not a JSON object")
     return data
 
 
@@ -265,43 +299,47 @@ def catalogue_slugs() -> list[str]:
 # ---- plans ---------------------------------------------------------------------------------------------------------
 
 
-def artifacts_root() -> Path:
-    """Where the wheel's manifests live: $SKINNY_GEMM_ARTIFACTS, else the package's artifacts/ (as the loader)."""
-    env = os.environ.get("SKINNY_GEMM_ARTIFACTS")
-    return Path(env) if env else PACKAGE_ROOT / "artifacts"
-
-
 def wheel_archs() -> list[str]:
     """The archs this installation has a manifest for (a wheel has one)."""
     root = artifacts_root()
-    return [arch for arch in sorted(CAPABILITY_FOR_ARCH) if (root / arch / MANIFEST_NAME).is_file()]
+    return [arch for arch in sorted(CAPABILITY_FOR_ARCH) if os.path.lexists(root / arch / MANIFEST_NAME)]
 
 
 def planned(arch: str, plan_file: Path | None = None) -> tuple[dict[tuple[int, int], dict[int, bool]], str]:
     """(n, k) -> {planned M: whether its config adds a bias} for ``arch``, and where the plans come from: the
     wheel's manifest, else the plan table."""
-    manifest = artifacts_root() / arch / MANIFEST_NAME
-    if plan_file is None and manifest.is_file():
-        try:
-            parsed = parse(manifest)
-        except ManifestError as exc:
-            raise CoverageError(str(exc)) from None
+    directory = artifacts_root() / arch
+    if plan_file is None and os.path.lexists(directory / MANIFEST_NAME):
+        # Read as the loader reads it (the same checks, the same refusals): a manifest or a variant the loader
+        # would refuse covers nothing.
+        lib = open_dir(directory, arch)
+        if lib.manifest is None:
+            raise CoverageError(lib.error)
         source = f"{arch} manifest"
+        usable = {vid: lib.check(vid) for vid in set(lib.manifest.plans.values())}
+        refused = lib.problems()
+        if refused:
+            source += f" ({len(refused)} refused variant(s) left out: skinny-gemm verify says why)"
         entries = [
-            {"n": n, "k": k, "m": m, "config": {"bias": getattr(parsed.variants[v].config, "bias", False)}}
-            for (n, k, m), v in parsed.plans.items()
+            {"n": n, "k": k, "m": m, "config": {"bias": usable[v].config.bias}}
+            for (n, k, m), v in lib.manifest.plans.items()
+            if usable[v] is not None
         ]
     else:
         path = plan_file or PLANS_DIR / f"{arch}.json"
         data = _read_json(path)
-        entries = data.get("entries")
-        if not isinstance(entries, list):
-            raise CoverageError(f"{path}: field 'entries' is missing")
-        source = f"plan table {path.name}" + (" (not built into this installation)" if plan_file is None else "")
+        f = Fields(path, CoverageError)
+        entries = f.lst(f.get(data, "entries"), "field 'entries'")
+        for i, e in enumerate(entries):
+            f.obj(e, f"entries[{i}]")
+            for key in ("n", "k", "m"):
+                f.pos_int(f.get(e, key, f"entries[{i}] "), f"entries[{i}] field {key!r}")
+            config = f.obj(e.get("config", {}), f"entries[{i}] field 'config'")
+            f.boolean(config.get("bias", False), f"entries[{i}] config field 'bias'")
+        source = f"plan table {where(path.name)}" + (" (not built into this installation)" if plan_file is None else "")
     table: dict[tuple[int, int], dict[int, bool]] = {}
     for e in entries:
-        config = e.get("config") if isinstance(e.get("config"), dict) else {}
-        table.setdefault((int(e["n"]), int(e["k"])), {})[int(e["m"])] = bool(config.get("bias", False))
+        table.setdefault((e["n"], e["k"]), {})[e["m"]] = e.get("config", {}).get("bias", False)
     return table, source
 
 
@@ -313,15 +351,15 @@ def report(model: str, tp: int, arch: str, plan_file: Path | None = None) -> dic
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"
-    if path.is_file():
-        hf_arch, linears = derive(_read_json(path), tp, str(path), arch)
-        name, source = hf_arch, str(path)
+    if os.path.lexists(path):  # whatever it is: the reader refuses a FIFO, a device or a link in one line
+        hf_arch, linears = derive(_read_json(path), tp, where(path), arch)
+        name, source = hf_arch, where(path)
     elif (MODELS_DIR / f"{model}.json").is_file() and model != "catalogue":
         name, linears = catalogue_linears(model, tp)
         source = f"catalogue {model}"
     else:
         raise CoverageError(
-            f"{model}: neither a config.json (or its folder) nor a catalogue model ({', '.join(catalogue_slugs())})"
+            f"{where(model)}: neither a config.json (or its folder) nor a catalogue model ({', '.join(catalogue_slugs())})"
         )
     plans, plans_source = planned(arch, plan_file)
     total = sum(lin.bytes_per_step for lin in linears)

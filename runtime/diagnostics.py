@@ -8,8 +8,9 @@ from importlib import metadata
 import torch
 
 from . import counters, loader
-from .artifacts import ENV_ARTIFACTS, PACKAGE_ARTIFACTS, Library, artifacts_override, artifacts_root, open_dir
+from .artifacts import ENV_ARTIFACTS, PACKAGE_ARTIFACTS, Library, open_dir
 from .devices import DeviceTable
+from .jsonfile import where
 from .manifest import ARCH_FOR_CAPABILITY
 from .version import __version__
 
@@ -77,23 +78,27 @@ def _counters_line() -> str:
 
 def env_report() -> str:
     """The environment report: versions, driver, each GPU and its artifacts, or why everything falls back."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.init()  # runs the load hook
+        state = loader.ensure_loaded()
+    # The folder the loader read (fixed at load), not what the variable says now; without a load, what it would read.
+    root = loader.STATE.root if loader.STATE.loaded and loader.STATE.root else loader.artifacts_root()
     lines = [
         f"skinny-gemm {__version__}",
         (
             f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}), "
             f"cuda-bindings {_dist_version('cuda-bindings')}"
         ),
-        f"artifacts root: {artifacts_root()}"
+        f"artifacts root: {where(root)}"
         + (
             f" (from ${ENV_ARTIFACTS}, instead of the package's {PACKAGE_ARTIFACTS})"
-            if artifacts_override()
+            if root != PACKAGE_ARTIFACTS
             else ""
         ),
         _counters_line(),
     ]
-    if torch.cuda.is_available():
-        torch.cuda.init()  # runs the load hook
-        state = loader.ensure_loaded()
+    if cuda:
         lines.append(f"driver: {_driver_text(state.driver_version)}; artifacts loaded in {state.seconds * 1e3:.1f} ms")
         if state.error:
             lines.append(f"load error: {state.error}")
@@ -104,7 +109,7 @@ def env_report() -> str:
     lines.append("GPU: none usable by torch: every call falls back to F.linear")
     # Without a GPU the host-side checks still say whether the installed artifacts are intact.
     for arch in sorted(set(ARCH_FOR_CAPABILITY.values())):
-        directory = artifacts_root() / arch
+        directory = root / arch
         if os.path.lexists(directory):
             lines.append(f"{arch} (host checks only):")
             lines += _library_lines(open_dir(directory, arch), "  ")

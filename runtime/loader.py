@@ -63,7 +63,7 @@ from .artifacts import (
 )
 from .devices import DeviceTable, warn
 from .driver import DriverError
-from .manifest import ARCH_FOR_CAPABILITY
+from .manifest import ARCH_FOR_CAPABILITY, MANIFEST_NAME
 
 __all__ = [
     "DEVICES",
@@ -92,6 +92,7 @@ class State:
     driver_version: int | None = None
     seconds: float = 0.0
     root: Path | None = None
+    missing: list[str] = field(default_factory=list)  # "<arch>/manifest.json" a visible GPU needs and root lacks
     libraries: dict[str, Library] = field(default_factory=dict)
 
 
@@ -119,9 +120,14 @@ def load() -> State:
         STATE.loaded = True
     # Warned once the state is complete, so warnings-as-errors cannot leave it half loaded.
     if override:
+        lacks = (
+            f"; it has no {', no '.join(STATE.missing)}: the GPUs that need it fall back to F.linear"
+            if STATE.missing
+            else ""
+        )
         warnings.warn(
-            f"skinny_gemm: ${ENV_ARTIFACTS} is set: artifacts come from {override}, not from the package's "
-            f"{PACKAGE_ARTIFACTS}",
+            f"skinny_gemm: ${ENV_ARTIFACTS} is set: artifacts come from {STATE.root or override}, not from the "
+            f"package's {PACKAGE_ARTIFACTS}{lacks}",
             ArtifactsOverrideWarning,
             stacklevel=2,
         )
@@ -142,6 +148,8 @@ def _load_all(pending: list) -> None:
         directory = STATE.root / arch
         lib = open_dir(directory, arch)
         STATE.libraries[arch] = lib
+        if lib.error is not None and not os.path.lexists(directory / MANIFEST_NAME):
+            STATE.missing.append(f"{arch}/{MANIFEST_NAME}")
         if lib.error is not None and not os.path.lexists(directory):
             # Warned, not logged: a wheel built for another arch otherwise falls back everywhere unnoticed.
             names = ", ".join(name for _, name, cap in found if ARCH_FOR_CAPABILITY.get(cap) == arch)

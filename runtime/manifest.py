@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..kernels.config import ConfigError, KernelConfig
-from .files import CUBIN_CAP, MANIFEST_CAP, FileProblem, plain_name, read_bounded
+from .files import CUBIN_CAP, MANIFEST_CAP, plain_name
+from .jsonfile import InputError, printable, read_json
 
 SCHEMA = 1
 MANIFEST_NAME = "manifest.json"
@@ -151,29 +151,24 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 
-def _reject_constant(name):
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite(text):
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is not a finite number")
-    return value
-
-
 def load_json(path: Path, cap: int = MANIFEST_CAP):
-    """Read a JSON file through the bounded reader; raises ManifestError naming the file."""
-    path = Path(path)
+    """Read a JSON file through the one bounded reader (runtime/jsonfile.py); raises ManifestError naming the file."""
     try:
-        text = read_bounded(path, cap).decode("utf-8")
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite)
-    except FileProblem as exc:
-        raise ManifestError(f"{path}: manifest {exc}") from None
-    except RecursionError:
-        raise ManifestError(f"{path}: unreadable manifest (nested too deeply)") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ManifestError(f"{path}: unreadable manifest ({exc})") from None
+        return read_json(path, "manifest", cap, follow_links=False)
+    except InputError as exc:
+        raise ManifestError(str(exc)) from None
+
+
+def file_name_ok(name) -> bool:
+    """A cubin or plan file name a manifest may hold: a plain name inside the folder, printable and encodable
+    (a newline could forge a line of verify's report, an escape sequence reaches the terminal)."""
+    return plain_name(name) and printable(name) and len(name) <= 255
+
+
+def plan_path_ok(name) -> bool:
+    """The plan table a manifest names, relative to the source tree verify reads it from (``kernels/plans/x.json``):
+    every part a plain printable name, so it can never point outside that tree."""
+    return type(name) is str and len(name) <= MAX_TEXT and all(file_name_ok(part) for part in name.split("/"))
 
 
 def _is_int(value, lo: int, hi: int) -> bool:
@@ -181,7 +176,7 @@ def _is_int(value, lo: int, hi: int) -> bool:
 
 
 def _is_text(value) -> bool:
-    return type(value) is str and len(value) <= MAX_TEXT
+    return type(value) is str and len(value) <= MAX_TEXT and printable(value)
 
 
 def _is_sha256(value) -> bool:
@@ -199,7 +194,7 @@ def _field(record: dict, key: str, ok, what: str, error=ManifestError, where: st
 
 
 def _show(value) -> str:
-    text = repr(value)
+    text = ascii(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -252,8 +247,7 @@ def _manifest(path: Path, raw, expected_version, expected_arch) -> Manifest:
             f"parameter ABI {_show(abi)} differs from this runtime's {list(PARAMS)} ({PARAM_BYTES} bytes)"
         )
     _field(raw, "dtype", lambda v: v == "bfloat16", "'bfloat16'")
-    for key in ("plan_file",):
-        _field(raw, key, _is_text, "a string")
+    _field(raw, "plan_file", plan_path_ok, "a relative path of plain printable names (no '..', not absolute)")
     for key in ("plan_sha256", "source_sha256"):
         _field(raw, key, _is_sha256, "a sha256 hex string")
     tool = _field(raw, "toolchain", lambda v: type(v) is dict, "an object")
@@ -267,9 +261,11 @@ def _manifest(path: Path, raw, expected_version, expected_arch) -> Manifest:
     for i, rec in enumerate(variants):
         if type(rec) is not dict:
             raise ManifestError(f"variants[{i}] is {_show(rec)}, must be an object")
-        vid = _field(rec, "id", lambda v: _is_text(v) and v, "a non-empty string", where=f"variants[{i}] ")
+        vid = _field(rec, "id", lambda v: _is_text(v) and v and printable(v), "a non-empty printable string",
+                     where=f"variants[{i}] ")
         name = _field(
-            rec, "file", plain_name, "a plain file name inside the artifact folder", where=f"variant {vid!r} "
+            rec, "file", file_name_ok, "a plain printable file name inside the artifact folder",
+            where=f"variant {vid!r} "
         )
         if vid in records:
             raise ManifestError(f"variant id {vid!r} appears twice")
@@ -290,8 +286,28 @@ def _manifest(path: Path, raw, expected_version, expected_arch) -> Manifest:
             raise ManifestError(f"plan {key} appears twice")
         plans[key] = vid
         keys.setdefault(vid, []).append(key)
+    if not plans and not files:
+        # Every shape would fall back without a word. (Variants without plans are a `tune prepare` candidate
+        # folder, loaded by name through load_dir.)
+        raise ManifestError("no variants and no plans: every shape would fall back")
     return Manifest(path=path, raw=raw, arch=arch, package_version=version, files=files, plans=plans,
                     records=records, keys=keys)
+
+
+def config_of(raw: dict, n: int | None = None, k: int | None = None) -> KernelConfig:
+    """The checked KernelConfig of a JSON config object (for shape (n, k) when given); raises ConfigError with
+    one line: ``config field 'x' is ..., must be ...`` or ``invalid config: <rule>``."""
+    for name, kind in CONFIG_TYPES.items():
+        if name in raw and type(raw[name]) is not kind:
+            raise ConfigError(f"config field {name!r} is {_show(raw[name])}, must be {kind.__name__}")
+    try:
+        cfg = KernelConfig.from_json(raw)
+        cfg.check(n=n, k=k)
+    except ConfigError as exc:
+        raise ConfigError(f"invalid config: {exc}") from None
+    except (TypeError, ValueError, ArithmeticError) as exc:  # a rule that met a value it did not expect
+        raise ConfigError(f"invalid config: {exc}") from None
+    return cfg
 
 
 def _variant(man: Manifest, vid: str) -> Variant:
@@ -299,16 +315,10 @@ def _variant(man: Manifest, vid: str) -> Variant:
     rec = man.records[vid]
     where = ""
     cfg_raw = _field(rec, "config", lambda v: type(v) is dict, "an object", VariantError, where)
-    for name, kind in CONFIG_TYPES.items():
-        if name in cfg_raw and type(cfg_raw[name]) is not kind:
-            raise VariantError(f"config field {name!r} is {_show(cfg_raw[name])}, must be {kind.__name__}")
     try:
-        cfg = KernelConfig.from_json(cfg_raw)
-        cfg.check()
+        cfg = config_of(cfg_raw)
     except ConfigError as exc:
-        raise VariantError(f"invalid config: {exc}") from None
-    except (TypeError, ValueError, ArithmeticError) as exc:  # a rule that met a value it did not expect
-        raise VariantError(f"invalid config: {exc}") from None
+        raise VariantError(str(exc)) from None
     if vid != cfg.name:
         raise VariantError(f"variant id {vid!r} does not match its config ({cfg.name})")
     symbol = _field(rec, "symbol", lambda v: v == cfg.symbol, f"{cfg.symbol!r} (its config's symbol)", VariantError)

@@ -27,7 +27,7 @@ def test_plan_with_bad_shapes(tmp_path, capsys, monkeypatch, shapes):
     monkeypatch.setattr(plans, "plan_path", lambda arch: tmp_path / f"{arch}.json")  # never the committed tables
     bad = tmp_path / "shapes.json"
     bad.write_text(shapes)
-    assert cli.main(["plan", "--arch", "sm_121", "--shapes", str(bad)]) == 2
+    assert cli.main(["plan", "--arch", "sm_121", "--shapes", str(bad), "--out", str(tmp_path / "sm_121.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and str(bad) in err and "\n" not in err, err
     assert not (tmp_path / "sm_121.json").exists()
@@ -53,3 +53,20 @@ def test_verify_without_a_path_checks_what_the_loader_loads(tmp_path, monkeypatc
     monkeypatch.setenv("SKINNY_GEMM_ARTIFACTS", str(tmp_path))
     assert cli.main(["verify"]) == 1
     assert capsys.readouterr().out.strip() == f"FAIL {tmp_path}: no <arch>/manifest.json found"
+
+
+def test_tune_prepare_without_cutlass(tmp_path):
+    """As `build` without cutlass: one line, exit 2 (it was a traceback from the compile options' import)."""
+    shapes = PACKAGE_ROOT / "kernels" / "models" / "glm-5.3-flash.json"
+    code = (
+        "import sys, runpy\n"
+        "sys.modules['cutlass'] = None\n"
+        f"sys.argv = ['skinny-gemm', 'tune', 'prepare', '--shapes', {str(shapes)!r}, '--m', '1', '--top', '1',\n"
+        f"            '--out', {str(tmp_path / 'cands')!r}, '--jobs', '1']\n"
+        f"runpy.run_path({SOURCE_TREE!r}, run_name='__main__')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert res.stderr.strip() == (
+        "skinny-gemm tune prepare: error: needs nvidia-cutlass-dsl (pip install nvidia-cutlass-dsl==4.8.1)"
+    ), res.stderr

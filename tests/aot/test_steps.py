@@ -158,7 +158,7 @@ def test_a_bad_step_file_is_one_line_naming_the_file_and_the_entry(tmp_path):
     path.write_text('{"step": [')
     with pytest.raises(StepError) as exc:
         steps.load(path)
-    assert str(exc.value).startswith(f"{path}: malformed JSON") and "\n" not in str(exc.value)
+    assert str(exc.value).startswith(f"{path}: unreadable model file (") and "\n" not in str(exc.value)
 
 
 def test_decode_steps_without_a_step_are_empty(tmp_path):

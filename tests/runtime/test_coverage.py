@@ -145,7 +145,7 @@ def _bad(tmp_path, capsys, text, name="config.json", tp=1):
 
 
 def test_bad_input_is_one_line_naming_file_and_field(tmp_path, capsys):
-    assert "not JSON" in _bad(tmp_path, capsys, "{ hidden_size: 1")
+    assert "unreadable JSON file (Expecting property name" in _bad(tmp_path, capsys, "{ hidden_size: 1")
     good = json.loads((CONFIGS / "qwen3-8b.json").read_text())
     del good["hidden_size"]
     assert "field 'hidden_size' is missing" in _bad(tmp_path, capsys, json.dumps(good))
@@ -180,7 +180,7 @@ def test_cli_verb_runs_without_cutlass_or_vllm():
         "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'cutlass')];"
         "assert rc == 0 and not bad, (rc, bad)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| **covered** |" in proc.stdout
 

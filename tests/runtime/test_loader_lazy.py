@@ -10,7 +10,7 @@ import time
 from helpers.artifacts import all_plans, bind_all, manifest_of
 
 from skinny_gemm.kernels.config import ConfigError, KernelConfig
-from skinny_gemm.runtime import artifacts, loader, manifest
+from skinny_gemm.runtime import artifacts, jsonfile, loader
 from skinny_gemm.runtime.manifest import MANIFEST_NAME
 
 SYNTHETIC = 1000
@@ -70,7 +70,7 @@ def count_reads(monkeypatch) -> list:
         return blob
 
     monkeypatch.setattr(artifacts, "read_bounded", spy)
-    monkeypatch.setattr(manifest, "read_bounded", spy)
+    monkeypatch.setattr(jsonfile, "read_bounded", spy)
     return reads
 
 
@@ -83,11 +83,10 @@ def test_load_of_a_thousand_variants_reads_the_manifest_only(fresh, art, monkeyp
     start = time.perf_counter()
     fake = fresh()
     seconds = time.perf_counter() - start
-    print(f"\nload of {len(manifest_of(art)['variants'])} variants: {seconds * 1e3:.1f} ms on this CPU")
+    print(f"\nload of {len(manifest_of(art)['variants'])} variants: {seconds * 1e3:.1f} ms on this CPU (a figure, not a limit)")
     assert fake.warnings == [], [str(w.message) for w in fake.warnings]
     assert reads == [(str(arch_dir / MANIFEST_NAME), (arch_dir / MANIFEST_NAME).stat().st_size)]
     assert fake.count("cuLibraryLoadData") == 0 and fake.count("cuKernelGetFunction") == 0
-    assert seconds < 2.0, "bounded work (generous for a shared 2-core CPU; the H200's host is the real bound)"
 
     # The first call of a shape: its variant only (one cubin read, one library load, one function bound).
     table = loader.DEVICES[0].table

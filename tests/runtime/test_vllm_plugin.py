@@ -390,7 +390,7 @@ def _run_python(code: str, env: dict | None = None) -> str:
         "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t); t.register();"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", setup + code], capture_output=True, text=True, timeout=120, env=env, check=False
+        [sys.executable, "-c", setup + code], capture_output=True, text=True, timeout=300, env=env, check=False
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -452,26 +452,37 @@ def test_a_missing_vllm_name_is_said_in_one_line_and_the_plugin_stays_off(monkey
 
 @needs_vllm
 @pytest.mark.slow
-def test_plugin_costs_a_process_that_loads_no_model_under_a_fifth_of_a_second():
-    """What `vllm serve`'s API server pays: import vllm, load the general plugins (ours among them), no model."""
+def test_plugin_in_a_process_that_loads_no_model_imports_only_its_runtime():
+    """What `vllm serve`'s API server pays: import vllm, load the general plugins (ours among them), no model.
+
+    The cost is what gets imported, so that is what is asserted: nothing of vLLM, cutlass, the CUDA bindings
+    or the build side, only skinny_gemm's runtime. The seconds are printed as a figure, never asserted (a
+    shared CI machine makes any time limit flaky)."""
     helper = _load_helper()
     code = (
-        "import time, vllm; from vllm.plugins import load_general_plugins;"
-        "t = time.perf_counter(); load_general_plugins(); print(time.perf_counter() - t)"
+        "import sys, time, vllm; from vllm.plugins import load_general_plugins; before = set(sys.modules);"
+        "t = time.perf_counter(); load_general_plugins(); seconds = time.perf_counter() - t;"
+        "print(' '.join(sorted(set(sys.modules) - before))); print(seconds)"
     )
 
-    def cost(plugins: str) -> float:
+    def run(plugins: str) -> tuple[list[str], float]:
         env = {**os.environ, "PYTHONPATH": str(site), "VLLM_PLUGINS": plugins}
         env.pop(vllm_plugin.ENV_SWITCH, None)
-        return min(float(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                         timeout=120, check=True).stdout.split()[-1]) for _ in range(2))
+        lines = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                               timeout=300, check=True).stdout.splitlines()
+        return lines[-2].split(), float(lines[-1])
 
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         site = helper.make_site(Path(tmp) / "site", with_test_plugin=False)
-        with_plugin, without = cost("skinny_gemm"), cost("none")
-    assert with_plugin - without < 0.2, (with_plugin, without)
+        (added, with_plugin), (none_added, without) = run("skinny_gemm"), run("none")
+    print(f"\nload_general_plugins: {with_plugin:.3f} s with the plugin, {without:.3f} s without (a figure, not a limit)")
+    assert none_added == [], none_added
+    assert "skinny_gemm.runtime.vllm_plugin" in added, "the control: the plugin was loaded"
+    own = ("skinny_gemm.runtime", "skinny_gemm.kernels.config")
+    foreign = [m for m in added if m not in ("skinny_gemm", "skinny_gemm.kernels") and not m.startswith(own)]
+    assert foreign == [], f"the plugin's registration imports more than its runtime: {foreign}"
 
 
 # ---- real vLLM engines ------------------------------------------------------
