@@ -91,14 +91,18 @@ def plan_target(arch: str, out: Path | None) -> Path:
     return out
 
 
+def _read(path: Path, what: str):
+    """``path``'s JSON through the one bounded reader, and its field checker; any problem is one PlanError line."""
+    try:
+        return read_json(path, what), Fields(path, PlanError)
+    except InputError as exc:
+        raise PlanError(str(exc)) from None
+
+
 def load(path: Path) -> tuple[dict, list[PlanEntry]]:
     """Read a plan table; every entry passes the config's validity check for its shape. Raises PlanError with
     one line naming the file (and the entry and field)."""
-    try:
-        raw = read_json(path, "plan table")
-    except InputError as exc:
-        raise PlanError(str(exc)) from None
-    f = Fields(path, PlanError)
+    raw, f = _read(path, "plan table")
     header = f.obj(f.get(f.obj(raw, "the plan table"), "header"), "field 'header'")
     if header.get("arch") not in CAPABILITY_FOR_ARCH:
         f.fail("header field 'arch'", header.get("arch"), f"one of {sorted(CAPABILITY_FOR_ARCH)}")
@@ -252,11 +256,7 @@ def seed_shapes(arch: str, shapes_file: Path) -> list[tuple[int, int, int]]:
 
 def _seed_set(arch: str, shapes_file: Path) -> tuple[dict, dict, list[int]]:
     """The shapes file's JSON (through the one bounded reader), its seed set for ``arch`` and that set's TPs."""
-    try:
-        data = read_json(shapes_file, "shapes file")
-    except InputError as exc:
-        raise PlanError(str(exc)) from None
-    f = Fields(shapes_file, PlanError)
+    data, f = _read(shapes_file, "shapes file")
     sets = f.obj(f.get(f.obj(data, "the shapes file"), "seed_plan_sets"), "field 'seed_plan_sets'")
     seed = f.obj(f.get(sets, arch, "seed_plan_sets "), f"seed_plan_sets.{arch}")
     tp = f.get(seed, "tp", f"seed_plan_sets.{arch} ")
