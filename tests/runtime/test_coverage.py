@@ -325,3 +325,30 @@ def test_coverage_equals_vllms_built_layers_on_public_configs(vllm_built):
     assert {("microsoft/phi-4", 4), ("microsoft/phi-4", 8)} <= set(refused)
     assert {(repo, tp) for repo, tp, _ in not_built} <= {(f"openai/gpt-oss-{size}", tp) for size in ("20b", "120b")
                                                          for tp in (4, 8)}, not_built
+
+
+# Catalogue models and the public config each was taken from (helpers/public_configs.py): the derivation that the
+# test above holds to vLLM's own layers must give the catalogue's linears at every TP it lists.
+CATALOGUE_SOURCES = {
+    "gpt-oss-120b": "openai/gpt-oss-120b", "glm-4.5": "zai-org/GLM-4.5", "gemma-3-27b": "google/gemma-3-27b-it",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "qwen3-8b": "Qwen/Qwen3-8B", "qwen3-32b": "Qwen/Qwen3-32B", "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
+    "mistral-small-24b": "mistralai/Mistral-Small-24B-Instruct-2501", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+}
+
+
+@pytest.mark.parametrize("slug", sorted(CATALOGUE_SOURCES))
+def test_catalogue_equals_the_derivation_from_its_public_config(slug):
+    from helpers.public_configs import CONFIGS as PUBLIC
+
+    catalogue = json.loads((MODELS / f"{slug}.json").read_text())["linears"]
+    for tp in sorted({int(tp) for spec in catalogue.values() for tp in spec["tp"]}):
+        _, derived = coverage.derive(PUBLIC[CATALOGUE_SOURCES[slug]], tp, slug)
+        expected = {
+            name: (*spec["tp"][str(tp)], spec["calls_per_step"], spec["dtype"], spec["bias"], spec["kind"], spec["plugin"])
+            for name, spec in catalogue.items()
+            if str(tp) in spec["tp"]
+        }
+        got = {lin.name: (lin.n, lin.k, lin.calls, lin.dtype, lin.bias, lin.kind, lin.plugin) for lin in derived}
+        assert got == expected, (slug, tp)
