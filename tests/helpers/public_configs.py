@@ -1,7 +1,8 @@
 """Public Hugging Face config.json files, reduced to the fields that decide vLLM's linear shapes.
 
-Keyed by the model's Hugging Face repository; values as published there (the fields a config leaves out are left
-out here too: vLLM then takes the config class's default, as the coverage report must). Quantized checkpoints
+Keyed by the model's Hugging Face repository; values as published there, typed in without network access (a value
+mistyped here would still hold coverage to vLLM's layers for that config, not to the model). The fields a config
+leaves out are left out here too: vLLM then takes the config class's default, as the coverage report must. Quantized checkpoints
 appear without their ``quantization_config`` where vLLM's CPU build cannot construct that method; the linears are
 the same shapes.
 """
