@@ -73,7 +73,7 @@ def test_catalogue_entries_build_and_verify_for_sm90a(catalogue, tree_copy, tmp_
 def test_a_catalogue_build_loads_in_bounded_work(catalogue, tree_copy, tmp_path, fresh, monkeypatch):
     """Every heuristic entry built (real cubins) and loaded by the runtime (driver faked): the load reads the
     manifest alone and loads nothing into the driver; a first call loads and binds its own variant only."""
-    from skinny_gemm.runtime import artifacts, loader, manifest
+    from skinny_gemm.runtime import artifacts, jsonfile, loader
 
     _, entries, _ = catalogue
     plan = tree_copy / "catalogue-sm_90a.json"
@@ -88,7 +88,7 @@ def test_a_catalogue_build_loads_in_bounded_work(catalogue, tree_copy, tmp_path,
         return real(path, cap)
 
     monkeypatch.setattr(artifacts, "read_bounded", spy)
-    monkeypatch.setattr(manifest, "read_bounded", spy)
+    monkeypatch.setattr(jsonfile, "read_bounded", spy)  # the manifest's reader
     fake = fresh()
     assert fake.warnings == [], [str(w.message) for w in fake.warnings]
     assert reads == [str(tmp_path / "out" / "sm_90a" / "manifest.json")], "the load reads the manifest alone"
