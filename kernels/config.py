@@ -1,4 +1,4 @@
-"""The kernel config: one frozen dataclass, one validity check, one variant name.
+"""The kernel config: one frozen dataclass, one validity check, one variant name, one launch shape.
 
 It has no cutlass import: the plan loader and the build (which also import cutlass)
 and the runtime, which must check a manifest's configs without cutlass, share it.
