@@ -16,10 +16,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from ..kernels.config import KernelConfig
-from ..runtime import elf
+from ..runtime.artifacts import check_cubin
 from ..runtime.files import MANIFEST_CAP, FileProblem, read_bounded
 from ..runtime.jsonfile import where
-from ..runtime.manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME, PARAMS, SCHEMA, dumps, write_atomic
+from ..runtime.manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME, PARAMS, SCHEMA, VariantError, dumps, write_atomic
 from ..runtime.version import __version__
 from . import plans
 
@@ -94,18 +94,13 @@ def _compile_worker(cfg_json: dict, arch: str) -> bytes:
 
 
 def _variant_record(cfg: KernelConfig, blob: bytes, arch: str) -> dict:
-    """The manifest row of one variant, after checking the cubin says what we asked for."""
-    info = elf.inspect(blob)
-    if info.arch != arch:
-        raise BuildError(f"{cfg.name}: compiler produced {info.arch} code, asked for {arch}")
-    kernel = info.kernels.get(cfg.symbol)
-    if kernel is None:
-        raise BuildError(f"{cfg.name}: symbol {cfg.symbol} missing from its cubin ({sorted(info.kernels)})")
-    expected = [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
-    if kernel.params != expected:
-        raise BuildError(f"{cfg.name}: parameter layout {kernel.params} is not the runtime ABI {expected}")
-    if kernel.reqntid is not None and tuple(kernel.reqntid) != (cfg.threads, 1, 1):
-        raise BuildError(f"{cfg.name}: REQNTID {kernel.reqntid} differs from {cfg.threads} threads")
+    """The manifest row of one variant (its launch fields from ``cfg.launch``), after the runtime's own cubin
+    check (so the build never writes a cubin the runtime would refuse)."""
+    try:
+        info = check_cubin(blob, cfg, arch)
+    except VariantError as exc:
+        raise BuildError(f"{cfg.name}: {exc}") from None
+    shape = cfg.launch()
     return {
         "id": cfg.name,
         "config": cfg.to_json(),
@@ -113,16 +108,16 @@ def _variant_record(cfg: KernelConfig, blob: bytes, arch: str) -> dict:
         "file": f"{cfg.name}.cubin",
         "sha256": hashlib.sha256(blob).hexdigest(),
         "size": len(blob),
-        "block": [cfg.threads, 1, 1],
+        "block": list(shape.block),
         "grid": {
             "cols_per_cta": cfg.cols_per_cta,
-            "cluster": cfg.split,
+            "cluster": shape.cluster,
             "persist": cfg.persist,
             "rule": "grid = (min(n / cols_per_cta, persist or n) * cluster, 1, 1), clusters of (cluster, 1, 1) CTAs",
         },
-        "dynamic_smem": 0,
-        "pdl": cfg.pdl,
-        "registers": kernel.registers,
+        "dynamic_smem": shape.smem,
+        "pdl": shape.pdl,
+        "registers": info.kernels[cfg.symbol].registers,
         "params": [list(p) for p in PARAMS],
     }, info.toolkit
 

@@ -169,7 +169,7 @@ def persist_candidates(n: int, k: int, m: int) -> list[KernelConfig]:
     return space_candidates("persist", n, k, m)
 
 
-def _rejections(n: int, k: int, m: int) -> str:
+def rejections(n: int, k: int, m: int) -> str:
     """Which config rules the spaces' configs break for one cell, most common first: why it has no candidate."""
     counts: dict = {}
     for space in spaces()["spaces"]:
@@ -181,72 +181,3 @@ def _rejections(n: int, k: int, m: int) -> str:
                 rule = str(exc).split(":")[0]
             counts[rule] = counts.get(rule, 0) + 1
     return ", ".join(f"{rule} x{count}" for rule, count in sorted(counts.items(), key=lambda kv: -kv[1])) or "no space"
-
-
-def cell_rows(cells, top: int | None = None, per_family: int = 2, extend=None) -> tuple[list[dict], dict]:
-    """`tune prepare`'s rows: per (n, k, m[, bias]) cell its candidates, cut by the cost model with ``top``.
-
-    With ``top`` a cell keeps its ``top`` best predicted candidates plus the ``per_family``
-    best of each kernel family (aot/costmodel.py). A cell that needs a bias asks every
-    candidate for one (the config field ``bias``); a cell no candidate serves asks for the
-    tail path (field ``tail``) where the config has one. ``extend(cands, n, k)``, if given,
-    returns the list to time after the cut (e.g. the candidates plus their no-PDL twins). Returns (rows, {(n, k, m): why} for cells
-    left without a candidate).
-    """
-    from . import costmodel
-
-    model = costmodel.load() if top else None
-    rows, skipped = [], {}
-    for cell in cells:
-        n, k, m = cell[:3]
-        bias = len(cell) > 3 and cell[3]
-        if bias and "bias" not in CONFIG_FIELDS:
-            skipped[(n, k, m)] = "bias: no config in this tree has a bias epilogue"
-            continue
-        extra = {"bias": True} if bias else {}
-        try:
-            cands = candidates(n, k, m, extra or None)
-            if not cands and "tail" in CONFIG_FIELDS:
-                # a K or N that no unrolled step divides: the kernels' tail path (config field `tail`) serves it
-                cands = candidates(n, k, m, {**extra, "tail": True})
-        except ConfigError as exc:
-            skipped[(n, k, m)] = str(exc)
-            continue
-        if model and cands:
-            cands = costmodel.select(model, cands, n, k, top, per_family)
-        if extend and cands:
-            cands = extend(cands, n, k)
-        if not cands:
-            skipped[(n, k, m)] = f"no candidate passes the config rules ({_rejections(n, k, m)})"
-            continue
-        rows.append({"n": n, "k": k, "m": m, "candidates": [c.to_json() for c in cands]})
-    return rows, skipped
-
-
-def plan_configs(paths, arch: str) -> dict[tuple[int, int, int], list[KernelConfig]]:
-    """(n, k, m) -> the distinct configs plan tables (kernels/plans/*.json format) hold for it, in the tables' order."""
-    from .plans import load
-
-    found: dict = {}
-    for path in paths:
-        header, entries = load(path)
-        if header["arch"] != arch:
-            raise CandidateError(f"{path}: a plan table for {header['arch']}, not {arch}")
-        for entry in entries:
-            have = found.setdefault((entry.n, entry.k, entry.m), [])
-            if entry.config not in have:
-                have.append(entry.config)
-    return found
-
-
-def plan_rows(cells, by_cell: dict) -> tuple[list[dict], dict]:
-    """`tune prepare --from-plans`'s rows: per (n, k, m[, bias]) cell exactly the configs ``by_cell`` holds for it
-    (no cost-model cut, no twins); returns (rows, {(n, k, m): why} for cells no table holds)."""
-    rows, skipped = [], {}
-    for cell in cells:
-        key = tuple(cell[:3])
-        if key in by_cell:
-            rows.append({"n": key[0], "k": key[1], "m": key[2], "candidates": [c.to_json() for c in by_cell[key]]})
-        else:
-            skipped[key] = "no plan table given holds it"
-    return rows, skipped

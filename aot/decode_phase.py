@@ -27,6 +27,7 @@ import dataclasses
 
 from ..kernels.config import ConfigError, KernelConfig
 from ..runtime.jsonfile import InputError, read_json
+from .results import isolated_winners
 
 # Per cell, how many of the fastest isolated winners are re-timed inside the decode step
 # (each with its no-PDL twin, where that twin is a winner too).
@@ -119,8 +120,6 @@ def step_entry(model: dict, arch: str, tp: int, ms, calls=None, gemms=None) -> d
 def entry_choices(row: dict, top: int) -> list[str]:
     """The candidates a cell is timed with in the step: its ``top`` fastest isolated winners and their no-PDL
     twins (where those are winners too), PDL on and off alike."""
-    from .tune import isolated_winners
-
     winners = isolated_winners(row)
     configs = {name: row["candidates"][name].get("config") or {} for name in winners}
 
@@ -151,8 +150,6 @@ def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, pr
     """
     import torch
     from tqdm import tqdm
-
-    from .tune import isolated_winners
 
     confirm_trials = confirm_replays(trials, confirm_trials)
     cells = {(r["n"], r["k"], r["m"]): r for r in rows}
@@ -233,11 +230,10 @@ def _step_data(step: dict, m: int, device, read_cap: int | None = None):
 def _time_steps(lib, bufs: dict, m: int, picks: dict, tps: list, trials: int) -> dict:
     """Whole-step time per TP for each named choice set ({label: {(n, k, m): variant}}), timed interleaved."""
     from . import measure as ms
-    from .tune import _launch, _mm
 
     def gemm(pick):
-        return lambda x, w, out, n, k: (_launch(lib, pick[(n, k, m)], x, w, out, n, k) if pick.get((n, k, m))
-                                        else _mm(x, w, out))()
+        return lambda x, w, out, n, k: (ms.kernel_call(lib, pick[(n, k, m)], x, w, out, n, k) if pick.get((n, k, m))
+                                        else ms.cublas_call(x, w, out))()
 
     graphs = {(label, tp): ms.capture(ms.step_calls(bufs[tp], gemm(pick))) for label, pick in picks.items() for tp in tps}
     times = ms.time_graphs({str(key): g for key, g in graphs.items()}, {str(key): 1 for key in graphs}, trials)

@@ -43,6 +43,16 @@ def make_inputs(n: int, k: int, ms, device) -> Inputs:
     return Inputs(n, k, weights, tokens, outs)
 
 
+def cublas_call(x, w, out):
+    """A zero-argument call of cuBLAS (torch.mm) for ``capture``: out = x @ w.T."""
+    return lambda: torch.mm(x, w.T, out=out)
+
+
+def kernel_call(lib, variant: str, x, w, out, n: int, k: int):
+    """A zero-argument launch of a loaded variant for ``capture``: out = x @ w.T."""
+    return lambda: lib.launch(variant, x, w, out, None, n, k)
+
+
 def capture(calls) -> torch.cuda.CUDAGraph:
     """Capture a list of zero-argument launch callables as one CUDA graph (after one eager warm-up)."""
     side = torch.cuda.Stream()

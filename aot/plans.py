@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..kernels.config import MAX_M, MMA_K_STEP, TAIL_K_GRAIN, ConfigError, KernelConfig
 from ..runtime.jsonfile import Fields, InputError, printable, read_json
-from ..runtime.manifest import CAPABILITY_FOR_ARCH, config_of, dumps
+from ..runtime.manifest import CAPABILITY_FOR_ARCH, config_of, dumps, write_atomic
 
 PLANS_DIR = Path(__file__).resolve().parent.parent / "kernels" / "plans"
 SHAPES_FILE = "glm53-flash-shapes.json"
@@ -139,6 +139,14 @@ def render(header: dict, entries: list[PlanEntry]) -> str:
     return dumps({"header": header, "entries": rows})
 
 
+def write_table(path: Path, header: dict, entries: list[PlanEntry]) -> Path:
+    """The one writer of plan tables (the heuristic verbs and `tune write` all end here): ``render``'s text,
+    through a temporary file and a rename, so a reader never sees half a table."""
+    path = Path(path)
+    write_atomic(path, render(header, entries))
+    return path
+
+
 def heuristic_config(n: int, k: int, m: int, bias: bool = False) -> KernelConfig:
     """The unmeasured starting config for a shape (HEURISTIC_RULE and HEURISTIC_RULE_WIDE say how it is chosen).
 
@@ -264,8 +272,8 @@ def _seed_set(arch: str, shapes_file: Path) -> tuple[dict, dict, list[int]]:
     return data, seed, [f.pos_int(t, f"seed_plan_sets.{arch}.tp") for t in tps]
 
 
-def heuristic_table(arch: str, shapes_file: Path) -> str:
-    """A whole plan table of heuristic entries for an arch's seed set."""
+def heuristic_table(arch: str, shapes_file: Path) -> tuple[dict, list[PlanEntry]]:
+    """The header and heuristic entries of a whole plan table for an arch's seed set."""
     cap = CAPABILITY_FOR_ARCH[arch]
     header = {
         "arch": arch,
@@ -278,7 +286,7 @@ def heuristic_table(arch: str, shapes_file: Path) -> str:
         for n, k, m in seed_shapes(arch, shapes_file)
         for cfg in [heuristic_config(n, k, m)]
     ]
-    return render(header, entries)
+    return header, entries
 
 
 def write_heuristic(archs: list[str], shapes_file: Path, out: Path | None, force: bool) -> list[Path]:
@@ -293,9 +301,7 @@ def write_heuristic(archs: list[str], shapes_file: Path, out: Path | None, force
         if path.exists() and not force:
             raise PlanError(f"{path} exists; pass --force to replace it with heuristic entries")
         todo.append((path, heuristic_table(arch, shapes_file)))
-    for path, text in todo:
-        path.write_text(text)
-    return [path for path, _ in todo]
+    return [write_table(path, *table) for path, table in todo]
 
 
 # The token counts the catalogue is planned for: vLLM's decode graph sizes up to 16 (catalogue.json).
@@ -355,20 +361,25 @@ def catalogue_plan(cells: list[CatalogueCell]) -> tuple[list[PlanEntry], dict]:
         if cfg is None:
             reasons[(cell.n, cell.k, cell.m)] = reason
         else:
-            prov = {"kind": "heuristic", "rule": HEURISTIC_RULE, "uses": list(cell.uses)}
+            prov = {"kind": "heuristic", "rule": heuristic_rule(cfg), "uses": list(cell.uses)}
             entries.append(PlanEntry(cell.n, cell.k, cell.m, cfg, prov))
     return entries, reasons
 
 
-def catalogue_table(arch: str, entries: list[PlanEntry], what: str) -> str:
-    """A plan table of catalogue entries (heuristic: built and verified in CI, shipped only once measured)."""
-    header = {
+def catalogue_header(arch: str, what: str) -> dict:
+    """The header of a plan table of catalogue entries (heuristic: built and verified in CI, shipped only once
+    measured)."""
+    return {
         "arch": arch,
         "capability": list(CAPABILITY_FOR_ARCH[arch]),
         "dtype": "bfloat16",
         "source": f"catalogue ({what}), kernels/models; heuristic, no measurements yet",
     }
-    return render(header, entries)
+
+
+def catalogue_table(arch: str, entries: list[PlanEntry], what: str) -> str:
+    """The text of a plan table of catalogue entries."""
+    return render(catalogue_header(arch, what), entries)
 
 
 def catalogue_report(entries: list[PlanEntry], reasons: dict) -> str:
@@ -406,6 +417,6 @@ def plan_models(arch: str, model: str | None, tps: list[int] | None, every: bool
     text = catalogue_report(entries, reasons)
     if out:
         what = "all models" if every else ", ".join(f"{s} tp{tp}" for s, tp in pairs)
-        plan_target(arch, out).write_text(catalogue_table(arch, entries, what))
+        write_table(plan_target(arch, out), catalogue_header(arch, what), entries)
         text += f"\nwrote {out} (heuristic entries: build and verify them; a wheel ships only measured ones)"
     return text

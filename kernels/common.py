@@ -12,11 +12,11 @@ class Launcher:
     """The host side every kernel class shares: the config, its check, and the launch.
 
     Subclasses define ``kernel`` (the device body) with the shared ABI
-    ``(a, w, out, residual, n, k)``; one block of cfg.threads, no dynamic
-    shared memory. The AOT artifacts are launched by runtime/loader.py with
-    ``cfg.grid(n)`` (``persist`` caps it) and clusters of ``split`` CTAs, as
-    the manifest records; this launcher gives the kernel the same clusters
-    and the uncapped grid, where a walk does one row group per CTA.
+    ``(a, w, out, residual, n, k)``. The block, the clusters and the grid come
+    from ``cfg.launch`` like every other launch of the variant, with the
+    grid uncapped (``persist=False``): here a walk does one row group per CTA.
+    The shape's dynamic shared memory (0) is the DSL's default and its PDL
+    flag a driver attribute the AOT launch sets, so neither is passed here.
     """
 
     def __init__(self, cfg):
@@ -36,12 +36,9 @@ class Launcher:
         """Host launcher: the kernel gets the plain symbol ``skinny_<variant name>_0``."""
         # The prefix lives on the (shared) function object: set it per trace.
         self.kernel.set_name_prefix(f"skinny_{self.cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
-        cfg = self.cfg
-        cluster = {"cluster": (cfg.split, 1, 1)} if cfg.split > 1 else {}
-        groups = (n + (cfg.cols_per_cta - 1)) // cfg.cols_per_cta if cfg.tail else n // cfg.cols_per_cta
-        self.kernel(a, w, out, residual, n, k).launch(
-            grid=(groups * cfg.split, 1, 1), block=(cfg.threads, 1, 1), **cluster
-        )
+        shape = self.cfg.launch(n, persist=False)
+        cluster = {"cluster": (shape.cluster, 1, 1)} if shape.cluster > 1 else {}
+        self.kernel(a, w, out, residual, n, k).launch(grid=(shape.grid, 1, 1), block=shape.block, **cluster)
 
 
 @cute.jit

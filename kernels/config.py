@@ -1,4 +1,4 @@
-"""The kernel config: one frozen dataclass, one validity check, one variant name.
+"""The kernel config: one frozen dataclass, one validity check, one variant name, one launch shape.
 
 It has no cutlass import: the plan loader and the build (which also import cutlass)
 and the runtime, which must check a manifest's configs without cutlass, share it.
@@ -54,6 +54,21 @@ QUIET_FIELDS = {"bias": False, "tail": False}
 
 class ConfigError(ValueError):
     """A kernel config that breaks one of the validity rules; the message names the rule."""
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    """How one variant is launched (``KernelConfig.launch``): a 1-D grid of 1-D blocks, in clusters along x."""
+
+    # CTAs along x (y and z are 1); None when the shape was asked for without N
+    grid: int | None
+    block: tuple[int, int, int]
+    # CTAs per cluster along x; 1 = no cluster attribute
+    cluster: int
+    # dynamic shared-memory bytes: every kernel holds only static shared memory (STATIC_SMEM_LIMIT)
+    smem: int
+    # launched with programmatic stream serialization (the kernel's griddepcontrol wait then overlaps)
+    pdl: bool
 
 
 @dataclass(frozen=True, order=True)
@@ -121,10 +136,33 @@ class KernelConfig:
         """Output columns one CTA (one cluster, with ``split``) computes."""
         return self.groups * self.cols
 
+    def row_groups(self, n):
+        """Clusters of ``cols_per_cta`` columns covering N outputs (with ``tail`` the last one may pass N).
+
+        Written with ``+`` and ``//`` only, so the JIT launcher can pass the DSL's traced Int32 ``n``
+        (its ``//`` truncates, so a floor of a negative would be wrong there).
+        """
+        return (n + (self.cols_per_cta - 1)) // self.cols_per_cta if self.tail else n // self.cols_per_cta
+
     def grid(self, n: int) -> int:
         """CTAs the kernel launches for N outputs: a cluster of ``split`` CTAs per cols_per_cta columns, at most ``persist``."""
-        groups = -(-n // self.cols_per_cta) if self.tail else n // self.cols_per_cta
+        groups = self.row_groups(n)
         return (min(groups, self.persist) if self.persist else groups) * self.split
+
+    def launch(self, n: int | None = None, persist: bool = True) -> LaunchShape:
+        """The launch shape: the one source the kernel launcher, the build's manifest record, the runtime's
+        check of that record and the driver launch all read.
+
+        ``grid`` is for ``n`` outputs (None without ``n``: every other field holds for any N). The JIT
+        launcher passes ``persist=False``: there a walk does one row group per CTA, so the grid is uncapped.
+        """
+        if n is None:
+            grid = None
+        elif persist:
+            grid = self.grid(n)
+        else:
+            grid = self.row_groups(n) * self.split
+        return LaunchShape(grid=grid, block=(self.threads, 1, 1), cluster=self.split, smem=0, pdl=self.pdl)
 
     @property
     def k_step(self) -> int:

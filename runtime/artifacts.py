@@ -19,6 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..kernels.config import KernelConfig
 from . import elf
 from .files import CUBIN_CAP, FileProblem, read_bounded
 from .manifest import (
@@ -147,17 +148,26 @@ def _check_variant(man: Manifest, vid: str) -> tuple[Variant, bytes]:
         raise VariantError(f"cubin {exc} (variant {vid})") from None
     if len(blob) != v.size or hashlib.sha256(blob).hexdigest() != v.sha256:
         raise VariantError("sha256 mismatch (corrupted or replaced)")
+    check_cubin(blob, v.config, man.arch)
+    return v, blob
+
+
+def check_cubin(blob: bytes, cfg: KernelConfig, arch: str) -> elf.CubinInfo:
+    """What the cubin says of itself against what variant ``cfg`` for ``arch`` must be: the target, the symbol,
+    the parameter ABI and the block (``cfg.launch``). The build checks each cubin it writes with it and the
+    runtime each cubin it reads, so both refuse the same cubins. Raises VariantError with the reason."""
     try:
         info = elf.inspect(blob)
     except elf.CubinError as exc:
         raise VariantError(f"not a valid cubin: {exc}") from None
-    if info.arch != man.arch:
-        raise VariantError(f"ELF arch is {info.arch}, manifest says {man.arch}")
-    kernel = info.kernels.get(v.symbol)
+    if info.arch != arch:
+        raise VariantError(f"ELF arch is {info.arch}, manifest says {arch}")
+    kernel = info.kernels.get(cfg.symbol)
     if kernel is None:
-        raise VariantError(f"symbol {v.symbol} not in cubin")
+        raise VariantError(f"symbol {cfg.symbol} not in cubin ({sorted(info.kernels)})")
     if kernel.params != EXPECTED_PARAMS:
-        raise VariantError(f"{v.symbol} parameter layout {kernel.params} is not the ABI {EXPECTED_PARAMS}")
-    if kernel.reqntid is not None and tuple(kernel.reqntid) != tuple(v.block):
-        raise VariantError(f"REQNTID {list(kernel.reqntid)} differs from manifest block {list(v.block)}")
-    return v, blob
+        raise VariantError(f"{cfg.symbol} parameter layout {kernel.params} is not the ABI {EXPECTED_PARAMS}")
+    block = cfg.launch().block
+    if kernel.reqntid is not None and tuple(kernel.reqntid) != block:
+        raise VariantError(f"REQNTID {list(kernel.reqntid)} differs from the variant's block {list(block)}")
+    return info

@@ -329,8 +329,9 @@ def _function(kernel: Kernel):
         raise DriverError(f"driver reports more than the manifest's {len(v.params)} parameters")
     attrs = d.CUfunction_attribute
     most = call(d.cuFuncGetAttribute, attrs.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn)
-    if v.block[0] * v.block[1] * v.block[2] > most:
-        raise DriverError(f"block {v.block} exceeds the kernel's {most} threads per block")
-    if v.dynamic_smem > DEFAULT_SMEM_LIMIT:
-        call(d.cuFuncSetAttribute, fn, attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, v.dynamic_smem)
+    shape = v.config.launch()
+    if shape.block[0] * shape.block[1] * shape.block[2] > most:
+        raise DriverError(f"block {shape.block} exceeds the kernel's {most} threads per block")
+    if shape.smem > DEFAULT_SMEM_LIMIT:
+        call(d.cuFuncSetAttribute, fn, attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shape.smem)
     return fn

@@ -120,20 +120,20 @@ class Launch:
         self.variant, self.function, self.n, self.k = variant, function, n, k
         # n and k are the i32 params at offsets 32 and 36: one little-endian u64 slot.
         self.nk = (n & 0xFFFFFFFF) | ((k & 0xFFFFFFFF) << 32)
-        self.grid = variant.config.grid(n)
-        self.block = variant.block
-        self.smem = variant.dynamic_smem
+        # The record's launch fields were checked equal to these (manifest.launch_problem).
+        shape = variant.config.launch(n)
+        self.grid, self.block, self.smem = shape.grid, shape.block, shape.smem
         self.config = None
         attrs = []
-        if variant.pdl:
+        if shape.pdl:
             attr = d.CUlaunchAttribute()
             attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value.programmaticStreamSerializationAllowed = 1
             attrs.append(attr)
-        if variant.cluster > 1:
+        if shape.cluster > 1:
             attr = d.CUlaunchAttribute()
             attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = variant.cluster, 1, 1
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = shape.cluster, 1, 1
             attrs.append(attr)
         if attrs:
             cfg = d.CUlaunchConfig()

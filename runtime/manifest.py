@@ -126,12 +126,14 @@ class Manifest:
 
 
 def launch_problem(v: Variant) -> str | None:
-    """Why a variant's recorded launch shape (block, columns per CTA, cluster, PDL) contradicts its config, or None."""
-    cfg = v.config
-    if (v.block, v.cols_per_cta, v.cluster, v.pdl) != ((cfg.threads, 1, 1), cfg.cols_per_cta, cfg.split, cfg.pdl):
+    """Why a variant's recorded launch shape contradicts the one its config gives (``KernelConfig.launch``),
+    or None: the one comparison of a record's block, columns per CTA, cluster, dynamic shared memory and PDL."""
+    cfg, shape = v.config, v.config.launch()
+    recorded = (v.block, v.cols_per_cta, v.cluster, v.dynamic_smem, v.pdl)
+    if recorded != (shape.block, cfg.cols_per_cta, shape.cluster, shape.smem, shape.pdl):
         return (
-            f"launch shape (block {v.block}, cols_per_cta {v.cols_per_cta}, cluster {v.cluster}, pdl {v.pdl}) "
-            "contradicts its config"
+            f"launch shape (block {v.block}, cols_per_cta {v.cols_per_cta}, cluster {v.cluster}, "
+            f"dynamic_smem {v.dynamic_smem}, pdl {v.pdl}) contradicts its config"
         )
     return None
 

@@ -6,6 +6,7 @@ import pytest
 
 from skinny_gemm.aot import candidates
 from skinny_gemm.aot.build import PACKAGE_ROOT
+from skinny_gemm.aot.prepare import cell_rows
 from skinny_gemm.kernels.config import KernelConfig
 
 TUNING = PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a"
@@ -68,7 +69,7 @@ def test_a_malformed_space_file_is_refused_naming_space_and_field(tmp_path):
 
 
 def test_cell_rows_report_cells_without_candidates():
-    rows, skipped = candidates.cell_rows([(4096, 4096, 1), (4096, 4095, 1), (1280, 8192, 1, True)])
+    rows, skipped = cell_rows([(4096, 4096, 1), (4096, 4095, 1), (1280, 8192, 1, True)])
     planned = {(r["n"], r["k"], r["m"]): r for r in rows}
     assert (4096, 4096, 1) in planned and (4096, 4095, 1) not in planned
     assert "no candidate passes" in skipped[(4096, 4095, 1)] and "rule 'k" in skipped[(4096, 4095, 1)]
@@ -80,7 +81,7 @@ def test_cell_rows_report_cells_without_candidates():
 
 
 def test_the_cost_model_cut_keeps_the_best_and_each_family():
-    rows, _ = candidates.cell_rows([(6416, 4096, 1)], top=8, per_family=2)
+    rows, _ = cell_rows([(6416, 4096, 1)], top=8, per_family=2)
     (row,) = rows
     cut = [KernelConfig.from_json(c) for c in row["candidates"]]
     full = candidates.candidates(6416, 4096, 1)
@@ -95,7 +96,7 @@ def test_cell_rows_extend_hook_runs_after_the_cut():
     import dataclasses
 
     twins = lambda cands, n, k: cands + [dataclasses.replace(c, pdl=False) for c in cands[:2]]  # noqa: E731
-    (row,), _ = candidates.cell_rows([(4096, 4096, 2)], top=4, per_family=0, extend=twins)
+    (row,), _ = cell_rows([(4096, 4096, 2)], top=4, per_family=0, extend=twins)
     assert len(row["candidates"]) == 6 and [c["pdl"] for c in row["candidates"]].count(False) == 2
 
 

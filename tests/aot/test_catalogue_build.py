@@ -40,6 +40,15 @@ def test_every_catalogue_cell_gets_an_entry_or_a_reason(catalogue):
         assert e.config.m == e.m and e.provenance["kind"] == "heuristic" and e.provenance["uses"]
 
 
+def test_each_entry_names_the_rule_that_chose_it(catalogue):
+    """A tensor-core (or tail, or bias) entry is labelled with the wide rule that made it, never the seed SIMT rule."""
+    _, entries, _ = catalogue
+    for e in entries:
+        assert e.provenance["rule"] == plans.heuristic_rule(e.config)
+    mma = [e for e in entries if e.config.kind == "mma"]
+    assert mma and all(e.provenance["rule"] == plans.HEURISTIC_RULE_WIDE for e in mma)
+
+
 def test_biased_cells_ask_for_a_bias_config(catalogue):
     cells, entries, reasons = catalogue
     biased = {(c.n, c.k, c.m) for c in cells if c.bias}

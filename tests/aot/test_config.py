@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from skinny_gemm.aot import plans
-from skinny_gemm.kernels.config import ConfigError, KernelConfig
+from skinny_gemm.kernels.config import ConfigError, KernelConfig, LaunchShape
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_121"])
@@ -115,6 +115,19 @@ def test_shape_rules_name_the_rule():
     static = dataclasses.replace(cfg, static_k=4096)
     with pytest.raises(ConfigError, match="rule 'static k'"):
         static.check(n=4096, k=8192)
+
+
+def test_launch_shape_is_the_config_s():
+    """KernelConfig.launch is the one launch shape: the grid of grid(n), one block of threads, split-CTA clusters,
+    no dynamic shared memory, the config's PDL; the JIT launcher's (persist=False) grid is uncapped."""
+    split = KernelConfig(m=1, kind="mma", threads=256, k_threads=256, cols=8, unroll=1, stages=4, prefetch=False, split=4)
+    assert split.launch(4096) == LaunchShape(grid=split.grid(4096), block=(256, 1, 1), cluster=4, smem=0, pdl=True)
+    assert split.launch().grid is None and split.launch() == dataclasses.replace(split.launch(4096), grid=None)
+    walk = KernelConfig(m=1, threads=128, k_threads=128, cols=1, unroll=2, prefetch=False, early=True, persist=792)
+    assert (walk.launch(6416).grid, walk.launch(6416, persist=False).grid) == (792, 6416)
+    assert walk.launch(6416).block == (128, 1, 1) and walk.launch(6416).cluster == 1
+    tail = KernelConfig(m=1, threads=256, k_threads=64, cols=2, tail=True)
+    assert tail.launch(4097).grid == tail.launch(4097, persist=False).grid == -(-4097 // tail.cols_per_cta)
 
 
 def _variants(cfg):

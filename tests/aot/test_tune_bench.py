@@ -6,10 +6,13 @@ import json
 import pytest
 from helpers.fake_step import STEPS, cand, fake_step
 
-from skinny_gemm.aot import decode_phase, plans, tune
+from skinny_gemm.aot import candidates, decode_phase, plans
 from skinny_gemm.aot.build import PACKAGE_ROOT
+from skinny_gemm.aot.prepare import CELLS_FILE, prepare
 from skinny_gemm.aot.report import geomean, markdown
+from skinny_gemm.aot.results import MIN_SPEEDUP, isolated_winners, merge_results, results_files, write_plan
 from skinny_gemm.aot.served import bench_served, load_peer, steps_build
+from skinny_gemm.kernels.config import KernelConfig
 
 # The committed H200 tuner results the sm_90a plan is derived from.
 TUNING = PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a"
@@ -41,10 +44,10 @@ SEED_90A = [name for name in SHAPES["linears"] if not name.startswith("shared_")
 def test_candidates_are_valid_and_bounded():
     rows = [row for name in ("tune-sm_90a-h200-m12.json", "tune-sm_90a-h200-m34.json")
             for row in json.loads((TUNING / name).read_text())["cells"]]
-    counts = [len(tune.candidates(row["n"], row["k"], row["m"])) for row in rows]
-    assert len(counts) == 52 and 1 <= min(counts) and max(counts) <= tune.MAX_CANDIDATES
+    counts = [len(candidates.candidates(row["n"], row["k"], row["m"])) for row in rows]
+    assert len(counts) == 52 and 1 <= min(counts) and max(counts) <= candidates.max_candidates()
     for n, k, m in [(160, 4096, 1), (2048, 128, 4), (4096, 4096, 3), (38720, 4096, 2)]:
-        cands = tune.candidates(n, k, m)
+        cands = candidates.candidates(n, k, m)
         assert len(set(cands)) == len(cands)
         for cfg in cands:
             cfg.check(n=n, k=k)
@@ -57,22 +60,22 @@ def test_candidates_are_valid_and_bounded():
 def test_slice_candidates_are_short_valid_ctas():
     """Sliced candidates: valid, every slice count the cell's M allows, at most SLICE_MAX_TRIPS trips, rows down to one."""
     for m, allowed in ((1, {2, 4, 8}), (2, {2, 4, 8}), (3, {2, 4}), (4, {2, 4})):
-        found = tune.slice_candidates(6416, 4096, m)
+        found = candidates.slice_candidates(6416, 4096, m)
         assert {c.slices for c in found} == allowed
         for c in found:
             c.check(n=6416, k=4096)
-            assert 4096 // c.k_step <= tune.SLICE_MAX_TRIPS and c.m * c.slices <= 16
+            assert 4096 // c.k_step <= dict(next(s for s in candidates.spaces()["spaces"] if s["name"] == "slice")["rules"])["max_k_trips"] and c.m * c.slices <= 16
         assert min(c.cols_per_cta for c in found) == 8 // max(allowed)
-    assert tune.slice_candidates(2048, 128, 1) == []  # K=128 is shorter than any sliced step
+    assert candidates.slice_candidates(2048, 128, 1) == []  # K=128 is shorter than any sliced step
 
 
 def test_persistent_grids_fit_at_once_on_the_h200():
     """A walk whose CTAs cannot all be resident would run in waves, which is what it exists to avoid."""
-    cands = tune.persist_candidates(6416, 4096, 1)
-    assert cands and all(c.persist <= tune.H200_SMS * tune._resident_ctas(c) for c in cands)
+    cands = candidates.persist_candidates(6416, 4096, 1)
+    assert cands and all(c.persist <= candidates.spaces()["sms"] * candidates.resident_ctas(c) for c in cands)
     assert all(6416 // c.cols_per_cta > c.persist for c in cands), "a cap that does not cap is a plain grid"
     heavy = dataclasses.replace(cands[0], cols=2, unroll=4)
-    assert tune._resident_ctas(heavy) < tune._resident_ctas(dataclasses.replace(heavy, unroll=2))
+    assert candidates.resident_ctas(heavy) < candidates.resident_ctas(dataclasses.replace(heavy, unroll=2))
 
 
 def test_tune_cli_rejects_bad_requests_in_one_line(tmp_path, capsys):
@@ -99,14 +102,14 @@ def test_committed_plan_is_the_tuners_output(tmp_path):
     The runs and their order are data (kernels/plans/tuning/sm_90a/runs.json, with what each
     run is); a later run's cells replace an earlier one's.
     """
-    runs = tune._write_inputs([], TUNING / "runs.json")
+    runs = results_files([], TUNING / "runs.json")
     out = tmp_path / "sm_90a.json"
-    _path, planned, skipped = tune.write_plan(runs, out=out)
+    _path, planned, skipped = write_plan(runs, out=out)
     assert out.read_text() == plans.plan_path("sm_90a").read_text()
     _, entries = plans.load(out)
-    assert planned == len(entries) and planned + skipped == len(tune.merge_results(runs))
+    assert planned == len(entries) and planned + skipped == len(merge_results(runs))
     for e in entries:
-        assert e.provenance["kind"] == "measured" and e.provenance["speedup"] >= tune.MIN_SPEEDUP
+        assert e.provenance["kind"] == "measured" and e.provenance["speedup"] >= MIN_SPEEDUP
         assert e.provenance["gpu"] == "NVIDIA H200"
 
 
@@ -118,16 +121,16 @@ def test_write_plan_keeps_only_cells_that_win(tmp_path):
         "method": "synthetic",
         "cells": [
             {"n": 4096, "k": 4096, "m": 1, "cublas_us": 10.0,
-             "candidates": {"a": {"config": tune.candidates(4096, 4096, 1)[0].to_json(), "bad_elements": 0, "us": 9.9}}},
+             "candidates": {"a": {"config": candidates.candidates(4096, 4096, 1)[0].to_json(), "bad_elements": 0, "us": 9.9}}},
             {"n": 4096, "k": 4096, "m": 2, "cublas_us": 10.0,
-             "candidates": {"a": {"config": tune.candidates(4096, 4096, 2)[0].to_json(), "bad_elements": 3, "us": 5.0}}},
+             "candidates": {"a": {"config": candidates.candidates(4096, 4096, 2)[0].to_json(), "bad_elements": 3, "us": 5.0}}},
             {"n": 4096, "k": 4096, "m": 3, "cublas_us": 10.0,
-             "candidates": {"a": {"config": tune.candidates(4096, 4096, 3)[0].to_json(), "bad_elements": 0, "us": 8.0}}},
+             "candidates": {"a": {"config": candidates.candidates(4096, 4096, 3)[0].to_json(), "bad_elements": 0, "us": 8.0}}},
         ],
     }
     src = tmp_path / "results.json"
     src.write_text(json.dumps(results))
-    _, planned, skipped = tune.write_plan(src, out=tmp_path / "plan.json")
+    _, planned, skipped = write_plan(src, out=tmp_path / "plan.json")
     assert (planned, skipped) == (1, 2)  # 1.01x is under 1.05x; a wrong result never wins
     _, entries = plans.load(tmp_path / "plan.json")
     assert [(e.m, e.provenance["speedup"]) for e in entries] == [(3, 1.25)]
@@ -135,7 +138,7 @@ def test_write_plan_keeps_only_cells_that_win(tmp_path):
 
 def test_write_plan_merges_results_later_files_replace_cells(tmp_path):
     """Re-tuning one M (`tune prepare --m 1`) and writing both files: the later file's cells win, the rest stay."""
-    cfg = lambda m: tune.candidates(4096, 4096, m)[0].to_json()
+    cfg = lambda m: candidates.candidates(4096, 4096, m)[0].to_json()
     cell = lambda m, us: {"n": 4096, "k": 4096, "m": m, "cublas_us": 10.0,
                           "candidates": {"a": {"config": cfg(m), "bad_elements": 0, "us": us}}}
     run = lambda date, cells: {"arch": "sm_90a", "gpu": "test GPU", "date": date, "method": "synthetic",
@@ -143,7 +146,7 @@ def test_write_plan_merges_results_later_files_replace_cells(tmp_path):
     first, second = tmp_path / "all.json", tmp_path / "m1.json"
     first.write_text(json.dumps(run("2026-11-28", [cell(1, 8.0), cell(2, 9.0)])))
     second.write_text(json.dumps(run("2026-11-29", [cell(1, 5.0)])))
-    _, planned, skipped = tune.write_plan([first, second], out=tmp_path / "plan.json")
+    _, planned, skipped = write_plan([first, second], out=tmp_path / "plan.json")
     assert (planned, skipped) == (2, 0)
     _header, entries = plans.load(tmp_path / "plan.json")
     assert [(e.m, e.provenance["plan_us"], e.provenance["date"]) for e in entries] == [
@@ -151,11 +154,11 @@ def test_write_plan_merges_results_later_files_replace_cells(tmp_path):
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**run("2026-11-29", [cell(1, 5.0)]), "arch": "sm_121"}))
     with pytest.raises(ValueError, match="sm_121"):
-        tune.write_plan([first, other], out=tmp_path / "plan.json")
+        write_plan([first, other], out=tmp_path / "plan.json")
 
 
 def test_write_plan_prefers_the_decode_step_choice(tmp_path):
-    cands = tune.candidates(4096, 4096, 1)[:3]
+    cands = candidates.candidates(4096, 4096, 1)[:3]
     row = {"n": 4096, "k": 4096, "m": 1, "cublas_us": 10.0,
            "candidates": {c.name: {"config": c.to_json(), "bad_elements": 0, "us": us}
                           for c, us in zip(cands, (8.0, 8.5, 9.9))}}
@@ -164,7 +167,7 @@ def test_write_plan_prefers_the_decode_step_choice(tmp_path):
         src = tmp_path / "results.json"
         src.write_text(json.dumps({"arch": "sm_90a", "gpu": "test GPU", "date": "2026-11-29", "method": "synthetic",
                                    "cells": [{**row, "decode": {"chosen": chosen, "step_us": {}}}]}))
-        tune.write_plan(src, out=tmp_path / "plan.json")
+        write_plan(src, out=tmp_path / "plan.json")
         _, (entry,) = plans.load(tmp_path / "plan.json")
         assert entry.config == expect
         assert (entry.provenance.get("chosen_in") == "decode step") == (expect.name == chosen)
@@ -240,7 +243,7 @@ def test_isolated_winners_rank_correct_fast_candidates():
         "slow": {"bad_elements": 0, "us": 9.8}, "fast": {"bad_elements": 0, "us": 7.0},
         "wrong": {"bad_elements": 1, "us": 1.0}, "mid": {"bad_elements": 0, "us": 9.0},
         "untimed": {"bad_elements": 0, "us": None}}}
-    assert tune.isolated_winners(row) == ["fast", "mid"]
+    assert isolated_winners(row) == ["fast", "mid"]
 
 
 def test_decode_steps_follow_the_seed_set(tmp_path):
@@ -375,7 +378,7 @@ def test_a_missing_peer_folder_skips_the_peer_in_one_line(tmp_path, capsys):
 
 
 def test_no_pdl_twins_are_valid_new_configs():
-    cands = tune.candidates(4096, 4096, 1)
+    cands = candidates.candidates(4096, 4096, 1)
     twins = decode_phase.no_pdl_twins(cands, 4096, 4096)
     assert twins and not set(twins) & set(cands) and len(set(twins)) == len(twins)
     for t in twins:
@@ -481,18 +484,18 @@ def test_prepare_writes_the_served_step_and_the_no_pdl_twins(monkeypatch, tmp_pa
     monkeypatch.setattr(build, "build_configs", fake_build)
     monkeypatch.setattr(build, "main_summary", lambda result: "built")
     model = steps.MODELS_DIR / "glm-5.3-flash.json"
-    line = tune.prepare("sm_90a", model, tmp_path, ms=[2])
-    spec = json.loads((tmp_path / tune.CELLS_FILE).read_text())
+    line = prepare("sm_90a", model, tmp_path, ms=[2])
+    spec = json.loads((tmp_path / CELLS_FILE).read_text())
     assert "no decode phase" not in line and [d["tp"] for d in spec["decode"]] == [4, 8]
     assert set(spec["decode"][0]["step"]) == {"2"} and len(spec["decode"][0]["step"]["2"]) == 657
     row = next(r for r in spec["cells"] if (r["n"], r["k"]) == (4096, 4096))
-    cands = [tune.KernelConfig.from_json(c) for c in row["candidates"]]
-    base = tune.candidates(4096, 4096, 2)
+    cands = [KernelConfig.from_json(c) for c in row["candidates"]]
+    base = candidates.candidates(4096, 4096, 2)
     assert cands[: len(base)] == base and cands[len(base):] == decode_phase.no_pdl_twins(base, 4096, 4096)
     assert set(cands) <= compiled["configs"]
     # Without twins, or for a model file without a step: the candidates alone.
-    tune.prepare("sm_90a", model, tmp_path / "plain", ms=[2], twins=False)
-    plain = json.loads((tmp_path / "plain" / tune.CELLS_FILE).read_text())
+    prepare("sm_90a", model, tmp_path / "plain", ms=[2], twins=False)
+    plain = json.loads((tmp_path / "plain" / CELLS_FILE).read_text())
     assert len(next(r for r in plain["cells"] if (r["n"], r["k"]) == (4096, 4096))["candidates"]) == len(base)
 
 
@@ -515,8 +518,8 @@ def test_prepare_tunes_m8_beyond_the_seed_sets_token_counts(monkeypatch, tmp_pat
 
     monkeypatch.setattr(build, "build_configs", lambda arch, configs, *a, **kw: None)
     monkeypatch.setattr(build, "main_summary", lambda result: "built")
-    tune.prepare("sm_90a", steps.MODELS_DIR / "glm-5.3-flash.json", tmp_path, ms=[4, 8], twins=False)
-    spec = json.loads((tmp_path / tune.CELLS_FILE).read_text())
+    prepare("sm_90a", steps.MODELS_DIR / "glm-5.3-flash.json", tmp_path, ms=[4, 8], twins=False)
+    spec = json.loads((tmp_path / CELLS_FILE).read_text())
     assert {r["m"] for r in spec["cells"]} == {4, 8} and len(spec["cells"]) == 26
     assert set(spec["decode"][0]["step"]) == {"4", "8"}
     assert all(r["candidates"] for r in spec["cells"])

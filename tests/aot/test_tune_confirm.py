@@ -5,8 +5,9 @@ import json
 import pytest
 from helpers.fake_step import STEPS, cand, fake_step
 
-from skinny_gemm.aot import decode_phase, plans, tune
+from skinny_gemm.aot import candidates, decode_phase, plans
 from skinny_gemm.aot import measure as ms
+from skinny_gemm.aot.results import write_plan
 
 
 def _rows(m):
@@ -64,7 +65,7 @@ def test_a_win_within_the_margin_goes_back_to_the_alone_fastest(timed, tmp_path)
     assert [r["decode"]["chosen"] for r in rows] == ["a1", "x1"], "every cell of that M back on its alone-fastest"
     assert [r["decode"]["passes_chosen"] for r in rows] == ["b1", "y1"]
     # tune write takes decode.chosen, and says it was not a decode-step pick (the (32, 64) row, given valid configs).
-    x_cfg, y_cfg = tune.candidates(32, 64, 1)[:2]
+    x_cfg, y_cfg = candidates.candidates(32, 64, 1)[:2]
     row = {**rows[1], "candidates": {"x1": {**cand(5.0), "config": x_cfg.to_json()},
                                      "y1": {**cand(6.0), "config": y_cfg.to_json()}}}
     src = tmp_path / "results.json"
@@ -73,7 +74,7 @@ def test_a_win_within_the_margin_goes_back_to_the_alone_fastest(timed, tmp_path)
                                        "decode step")):
         src.write_text(json.dumps({"arch": "sm_90a", "gpu": "test GPU", "date": "2026-12-02", "method": "synthetic",
                                    "cells": [{**row, "decode": decode}]}))
-        tune.write_plan(src, out=tmp_path / "plan.json")
+        write_plan(src, out=tmp_path / "plan.json")
         _, (entry,) = plans.load(tmp_path / "plan.json")
         assert entry.config == config and entry.provenance.get("chosen_in") == chosen_in
 

@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from skinny_gemm.aot import build, cli, decode_phase, plans, steps, tune
+from skinny_gemm.aot import build, candidates, cli, decode_phase, plans, steps
+from skinny_gemm.aot.prepare import CELLS_FILE, prepare
+from skinny_gemm.kernels.config import KernelConfig
 
 GLM = steps.MODELS_DIR / "glm-5.3-flash.json"
 
@@ -24,7 +26,7 @@ def compiled(monkeypatch):
 
 
 def _spec(out):
-    return json.loads((out / tune.CELLS_FILE).read_text())
+    return json.loads((out / CELLS_FILE).read_text())
 
 
 def _flip_pdl(cfg):
@@ -51,7 +53,7 @@ def _plans(tmp_path):
 
 def test_from_plans_takes_exactly_the_plans_configs(compiled, tmp_path):
     (pa, pb), a, b, left_out = _plans(tmp_path)
-    line = tune.prepare("sm_90a", GLM, tmp_path / "out", ms=[8], from_plans=[pa, pb], decode=False)
+    line = prepare("sm_90a", GLM, tmp_path / "out", ms=[8], from_plans=[pa, pb], decode=False)
     spec = _spec(tmp_path / "out")
     assert spec["decode"] == [] and "no decode phase (--no-decode)" in line
     want = {}
@@ -90,19 +92,19 @@ def test_from_plans_refuses_a_cut_and_another_archs_table(compiled, tmp_path, ca
 
 
 def test_no_decode_writes_no_steps_and_no_twins(compiled, tmp_path):
-    line = tune.prepare("sm_90a", GLM, tmp_path, ms=[2], decode=False)
+    line = prepare("sm_90a", GLM, tmp_path, ms=[2], decode=False)
     spec = _spec(tmp_path)
     assert spec["decode"] == [] and "no decode phase (--no-decode): the cells are timed alone" in line
     row = next(r for r in spec["cells"] if (r["n"], r["k"]) == (4096, 4096))
-    assert row["candidates"] == [c.to_json() for c in tune.candidates(4096, 4096, 2)]
+    assert row["candidates"] == [c.to_json() for c in candidates.candidates(4096, 4096, 2)]
     # Control: the same request with the decode phase has its steps and twins.
-    tune.prepare("sm_90a", GLM, tmp_path / "with", ms=[2])
+    prepare("sm_90a", GLM, tmp_path / "with", ms=[2])
     with_step = _spec(tmp_path / "with")
     assert with_step["decode"] and len(with_step["cells"][0]["candidates"]) > len(spec["cells"][0]["candidates"])
 
 
 def test_a_catalogue_model_gets_its_served_step_at_every_asked_tp(compiled, tmp_path):
-    line = tune.prepare("sm_90a", None, tmp_path, ms=[1, 8], model="llama-3.1-8b", tps=[1, 8])
+    line = prepare("sm_90a", None, tmp_path, ms=[1, 8], model="llama-3.1-8b", tps=[1, 8])
     spec = _spec(tmp_path)
     assert "no decode phase" not in line
     assert [d["tp"] for d in spec["decode"]] == [1, 8]
@@ -116,18 +118,18 @@ def test_a_catalogue_model_gets_its_served_step_at_every_asked_tp(compiled, tmp_
         assert {tuple(c) for c in entry["calls"]} <= cell_shapes, "every GEMM of a dense BF16 step is a cell"
         assert len(entry["calls"]) == 32 * 4 + 1
     row = next(r for r in spec["cells"] if (r["n"], r["k"], r["m"]) == (4096, 4096, 1))
-    base = tune.candidates(4096, 4096, 1)
-    cands = [tune.KernelConfig.from_json(c) for c in row["candidates"]]
+    base = candidates.candidates(4096, 4096, 1)
+    cands = [KernelConfig.from_json(c) for c in row["candidates"]]
     assert cands == base + decode_phase.no_pdl_twins(base, 4096, 4096), "twins as for the seed set"
 
 
 def test_a_catalogue_model_without_a_step_keeps_no_decode_phase(compiled, tmp_path):
-    line = tune.prepare("sm_90a", None, tmp_path, ms=[1], model="qwen3-30b-a3b", tps=[2])
+    line = prepare("sm_90a", None, tmp_path, ms=[1], model="qwen3-30b-a3b", tps=[2])
     spec = _spec(tmp_path)
     assert spec["decode"] == [] and "no decode phase (qwen3-30b-a3b has no served step)" in line
     row = spec["cells"][0]
-    assert len(row["candidates"]) == len(tune.candidates(row["n"], row["k"], 1)), "no twins without a step"
-    line = tune.prepare("sm_90a", None, tmp_path / "all", ms=[1], every=True, tps=[8], top=2)
+    assert len(row["candidates"]) == len(candidates.candidates(row["n"], row["k"], 1)), "no twins without a step"
+    line = prepare("sm_90a", None, tmp_path / "all", ms=[1], every=True, tps=[8], top=2)
     assert _spec(tmp_path / "all")["decode"] == [] and "no decode phase (--all" in line
 
 

@@ -167,6 +167,7 @@ VARIANT_DAMAGE = {
     "config a list": (lambda d, v: _edit(d, _variant_edit("config", [1, 2])), "field 'config' is"),
     "cluster contradicts": (lambda d, v: _edit(d, lambda m: m["variants"][0]["grid"].update(cluster=contradicting_cluster(m["variants"][0]))),
                             "contradicts its config"),
+    "dynamic smem contradicts": (lambda d, v: _edit(d, _variant_edit("dynamic_smem", 4096)), "contradicts its config"),
 }
 # Manifest damage: name -> (what it does to <arch>/, a phrase the refusal holds). Each refuses that manifest
 # (that arch) only, with one line naming manifest.json.

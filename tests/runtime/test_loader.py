@@ -146,7 +146,8 @@ def test_launch_packs_the_abi(fresh, art):
 def test_launch_without_pdl_uses_plain_launch(fresh, art):
     fake = fresh()
     rec = next(iter(loader.DEVICES[0].table.values()))
-    plain = driver_mod.Launch(dataclasses.replace(rec.variant, pdl=False), rec.function, rec.n, rec.k)
+    no_pdl = dataclasses.replace(rec.variant.config, pdl=False)
+    plain = driver_mod.Launch(dataclasses.replace(rec.variant, config=no_pdl, pdl=False), rec.function, rec.n, rec.k)
     driver_mod.launch(plain, 16, 32, 48, 0, 5)
     assert fake.launches[-1]["attrs"] == [] and fake.launches[-1]["n"] == rec.n
 

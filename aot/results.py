@@ -1,0 +1,168 @@
+"""Tuner results: read and merge `tune measure` results files, and turn them into a plan table.
+
+A results file holds, per (n, k, m) cell, every candidate's timing and correctness against cuBLAS
+and, after the decode phase, the candidate chosen inside the served step. ``write_plan`` keeps per
+cell that choice or else the fastest correct candidate, if it beats cuBLAS by ``MIN_SPEEDUP``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..kernels.config import MAX_M, ConfigError, KernelConfig
+from ..runtime.files import plain_name
+from ..runtime.jsonfile import Fields, InputError, printable, read_json
+from ..runtime.manifest import CAPABILITY_FOR_ARCH, config_of
+from . import plans
+
+MIN_SPEEDUP = 1.05
+
+
+def isolated_winners(row: dict, min_speedup: float = MIN_SPEEDUP) -> list[str]:
+    """A cell's correct candidates that beat cuBLAS by ``min_speedup`` in its own chain, fastest first."""
+    timed = [(c["us"], name) for name, c in row["candidates"].items() if c["bad_elements"] == 0 and c["us"]]
+    return [name for us, name in sorted(timed) if row["cublas_us"] / us >= min_speedup]
+
+
+def merge_results(paths: list) -> list[tuple[dict, dict]]:
+    """(results file, cell row) per cell over several results files of one arch; a later file's cell replaces an earlier one's.
+
+    An item may be ``(path, ms)``: only that run's cells of those token counts are used (runs.json's
+    ``ms``: a run whose other cells lost in their model's served step).
+
+    Each file is one `tune measure` run: its cells were timed against cuBLAS in that run,
+    and its decode phase ranked each M inside the whole step, so whole token counts can be
+    re-tuned alone (`tune prepare --m`) and merged.
+    """
+    cells: dict = {}
+    arch = None
+    for item in paths:
+        path, ms = item if isinstance(item, tuple) else (item, None)
+        data = read_results(path)
+        if arch not in (None, data["arch"]):
+            raise ValueError(f"{path}: results for {data['arch']}, the others are for {arch}")
+        arch = data["arch"]
+        for row in data["cells"]:
+            if ms is None or row["m"] in ms:
+                cells[(row["n"], row["k"], row["m"])] = (data, row)
+    return [cells[key] for key in sorted(cells)]
+
+
+def read_results(path) -> dict:
+    """A `tune measure` results file through the one bounded reader, every field `write_plan` uses typed and
+    ranged; ValueError (one line naming the file and the field) otherwise."""
+    try:
+        data = read_json(path, "tuner results")
+    except InputError as exc:
+        raise ValueError(str(exc)) from None
+    f = Fields(path, ValueError)
+    f.obj(data, "the results file")
+    if f.get(data, "arch") not in CAPABILITY_FOR_ARCH:
+        f.fail("field 'arch'", data["arch"], f"one of {sorted(CAPABILITY_FOR_ARCH)}")
+    for key in ("gpu", "date", "method"):
+        f.text(f.get(data, key), f"field {key!r}")
+    for i, row in enumerate(f.lst(f.get(data, "cells"), "field 'cells'")):
+        place = f"cells[{i}]"
+        f.obj(row, place)
+        n, k, _ = (f.pos_int(f.get(row, x, f"{place} "), f"{place} field {x!r}") for x in ("n", "k", "m"))
+        if type(f.get(row, "cublas_us", f"{place} ")) not in (int, float) or not row["cublas_us"] > 0:
+            f.fail(f"{place} field 'cublas_us'", row["cublas_us"], "a positive number")
+        for name, c in f.obj(f.get(row, "candidates", f"{place} "), f"{place} field 'candidates'").items():
+            where = f"{place} candidate {ascii(name)}"
+            f.obj(c, where)
+            us = f.get(c, "us", f"{where} ")
+            if us is not None and (type(us) not in (int, float) or us < 0):
+                f.fail(f"{where} field 'us'", us, "a number >= 0 or null")
+            bad = f.get(c, "bad_elements", f"{where} ")
+            if type(bad) is not int or bad < 0:
+                f.fail(f"{where} field 'bad_elements'", bad, "an int >= 0")
+            try:
+                config_of(f.obj(f.get(c, "config", f"{where} "), f"{where} field 'config'"), n=n, k=k)
+            except ConfigError as exc:
+                raise ValueError(f"{f.name}: {where}: {exc}") from None
+        decode = f.obj(row.get("decode", {}), f"{place} field 'decode'")
+        if "chosen" in decode and type(decode["chosen"]) is not str:
+            f.fail(f"{place} decode field 'chosen'", decode["chosen"], "a candidate name")
+        confirm = f.obj(decode.get("confirm", {}), f"{place} decode field 'confirm'")
+        if "kept" in confirm:
+            f.boolean(confirm["kept"], f"{place} decode.confirm field 'kept'")
+    return data
+
+
+def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = None) -> tuple[Path, int, int]:
+    """Turn measured results (one file or a list, merged) into kernels/plans/<arch>.json (or ``out``).
+
+    Returns (path, cells planned, cells left on cuBLAS).
+    """
+    merged = merge_results(results if isinstance(results, (list, tuple)) else [results])
+    if not merged:
+        raise ValueError(f"no measured cells in {results}: nothing to write")
+    arch = merged[0][0]["arch"]
+    entries, skipped = [], 0
+    for data, row in merged:
+        winners = isolated_winners(row, min_speedup)
+        if not winners:
+            skipped += 1
+            continue
+        decode = row.get("decode", {})
+        chosen = decode.get("chosen")
+        name = chosen if chosen in winners else winners[0]
+        best = row["candidates"][name]
+        us = best["us"]
+        speedup = row["cublas_us"] / us
+        cfg = KernelConfig.from_json(best["config"])
+        prov = {
+            "kind": "measured",
+            "gpu": data["gpu"],
+            "date": data["date"],
+            "cublas_us": round(row["cublas_us"], 3),
+            "plan_us": round(us, 3),
+            "speedup": round(speedup, 3),
+            "method": data["method"],
+        }
+        if name == chosen and decode.get("confirm", {}).get("kept", True):
+            prov["chosen_in"] = "decode step"
+        entries.append(plans.PlanEntry(row["n"], row["k"], row["m"], cfg, prov))
+    runs = sorted({(d["gpu"], d["date"]) for d, _ in merged})
+    header = {
+        "arch": arch,
+        "capability": list(CAPABILITY_FOR_ARCH[arch]),
+        "dtype": "bfloat16",
+        "source": f"skinny-gemm tune on {', '.join(f'{g}, {day}' for g, day in runs)}; "
+        f"cells under {min_speedup}x stay on cuBLAS",
+    }
+    path = plans.plan_target(arch, out)
+    if not entries:
+        # Written, it would replace a table with one that plans nothing: every shape would fall back.
+        raise ValueError(f"no cell of {len(merged)} beats cuBLAS by {min_speedup}x: refusing to write an empty "
+                         f"plan table to {path}")
+    plans.write_table(path, header, entries)
+    return path, len(entries), skipped
+
+
+def results_files(results: list[Path], runs: Path | None) -> list[Path]:
+    """`tune write`'s results files: those named, or a runs.json's list (files beside it, in its order; a run
+    with ``ms`` contributes only its cells of those token counts)."""
+    if runs is None:
+        if not results:
+            raise ValueError("write needs results files or --runs RUNS_JSON")
+        return results
+    if results:
+        raise ValueError("write takes results files or --runs, not both")
+    try:
+        data = read_json(runs, "runs list")
+    except InputError as exc:
+        raise ValueError(str(exc)) from None
+    f = Fields(runs, ValueError)
+    found = []
+    for i, run in enumerate(f.lst(f.get(f.obj(data, "the runs list"), "runs"), "field 'runs'")):
+        f.obj(run, f"runs[{i}]")
+        name = f.get(run, "file", f"runs[{i}] ")
+        if not (plain_name(name) and printable(name)):
+            f.fail(f"runs[{i}] field 'file'", name, "a plain file name beside the runs list")
+        if "ms" in run:
+            ms = {f.pos_int(m, f"runs[{i}] field 'ms'", MAX_M) for m in f.lst(run["ms"], f"runs[{i}] field 'ms'")}
+            found.append((runs.parent / name, ms))
+        else:
+            found.append(runs.parent / name)
+    return found
