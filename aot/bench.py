@@ -162,26 +162,54 @@ def bench_jit(arch: str) -> dict:
 
 def add_arguments(p) -> None:
     """Register `bench`'s options."""
-    p.add_argument("action", nargs="?", default="run", choices=("run", "peer-build"),
-                   help="run: the sections (default); peer-build: compile vLLM's kernel into --out (CPU machine)")
-    p.add_argument("--sections", default=",".join(SECTIONS),
-                   help=f"comma-separated, from {SECTIONS + ('jit', 'vllm')} (vllm runs alone)")
-    p.add_argument("--out", type=Path, default=Path("bench-results"),
-                   help="output folder (bench.json, bench.md, bench.png, bench-decode.png; peer-build: the peer folder)")
-    p.add_argument("--model", default=DEFAULT_MODEL,
-                   help="model file with a step (a path, or a slug of kernels/models/; default %(default)s)")
-    p.add_argument("--ms", type=int, nargs="+", default=list(DECODE_MS), metavar="M",
-                   help="token counts of the decode section (default 1 2 4 8 16)")
+    p.add_argument(
+        "action",
+        nargs="?",
+        default="run",
+        choices=("run", "peer-build"),
+        help="run: the sections (default); peer-build: compile vLLM's kernel into --out (CPU machine)",
+    )
+    p.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated, from {SECTIONS + ('jit', 'vllm')} (vllm runs alone)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("bench-results"),
+        help="output folder (bench.json, bench.md, bench.png, bench-decode.png; peer-build: the peer folder)",
+    )
+    p.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="model file with a step (a path, or a slug of kernels/models/; default %(default)s)",
+    )
+    p.add_argument(
+        "--ms",
+        type=int,
+        nargs="+",
+        default=list(DECODE_MS),
+        metavar="M",
+        help="token counts of the decode section (default 1 2 4 8 16)",
+    )
     p.add_argument("--peer", type=Path, help="peer folder from `bench peer-build`: vLLM's kernel beside ours")
-    p.add_argument("--configs", type=Path,
-                   help="peer-build: the peer's best config per cell (h200-vllm-skinny-peer.json)")
+    p.add_argument(
+        "--configs", type=Path, help="peer-build: the peer's best config per cell (h200-vllm-skinny-peer.json)"
+    )
     p.add_argument("--jobs", type=int, default=2, help="peer-build: parallel compile processes")
     p.add_argument("--trials", type=int, default=7)
     p.add_argument("--arch", default="sm_90a", help="plan table to JIT-compile for the jit section")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     v = p.add_argument_group("the vllm section")
-    v.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16], metavar="B",
-                   help="batch sizes, each decode step then runs M = B (default 1 2 4 8 16)")
+    v.add_argument(
+        "--batches",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8, 16],
+        metavar="B",
+        help="batch sizes, each decode step then runs M = B (default 1 2 4 8 16)",
+    )
     v.add_argument("--runs", type=int, default=2, help="engine processes per arm, off and on alternating (default 2)")
     v.add_argument("--prompt-len", type=int, default=64, help="prompt tokens of every request (default 64)")
     v.add_argument("--decode-tokens", type=int, default=64, help="decode steps TPOT is taken over (default 64)")
@@ -197,7 +225,9 @@ def peer_build(args) -> int:
     from . import peer, steps
 
     if not args.configs:
-        print("bench peer-build: needs --configs (the peer's best configs, h200-vllm-skinny-peer.json)", file=sys.stderr)
+        print(
+            "bench peer-build: needs --configs (the peer's best configs, h200-vllm-skinny-peer.json)", file=sys.stderr
+        )
         return 2
     try:
         _, built = build_served(args.model, args.ms, args.arch)
@@ -207,8 +237,10 @@ def peer_build(args) -> int:
         print(f"bench peer-build: {exc}", file=sys.stderr)
         return 2
     peers = sum(1 for c in man["cells"] if c["variant"])
-    print(f"wrote {args.out / peer.MANIFEST}: vLLM {man['vllm_version']} {peer.PEER_REL} (sha256 {peer.PEER_SHA256[:12]}), "
-          f"{len(man['variants'])} variants, {peers}/{len(man['cells'])} cells on the peer")
+    print(
+        f"wrote {args.out / peer.MANIFEST}: vLLM {man['vllm_version']} {peer.PEER_REL} (sha256 {peer.PEER_SHA256[:12]}), "
+        f"{len(man['variants'])} variants, {peers}/{len(man['cells'])} cells on the peer"
+    )
     return 0
 
 
@@ -221,8 +253,10 @@ def main(args) -> int:
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = sorted(set(sections) - set(SECTIONS) - {"jit", "vllm"})
     if unknown:
-        print(f"bench: --sections: unknown {', '.join(unknown)} (from {', '.join(SECTIONS + ('jit', 'vllm'))})",
-              file=sys.stderr)
+        print(
+            f"bench: --sections: unknown {', '.join(unknown)} (from {', '.join(SECTIONS + ('jit', 'vllm'))})",
+            file=sys.stderr,
+        )
         return 2
     data: dict = {"date": datetime.date.today().isoformat(), "command": "skinny-gemm bench " + " ".join(sys.argv[2:])}
     if "vllm" in sections:
@@ -257,10 +291,21 @@ def main(args) -> int:
             if wrong:  # a wrong kernel's time is no peer figure
                 print(f"bench: peer section skipped: wrong result: {wrong}", file=sys.stderr)
                 peer_lib = None
-        data["served_about"] = {"model": model.get("name"), "file": str(steps.model_path(args.model).name),
-                                "about": model["step"]["about"], "context": model["step"].get("context"),
-                                **({"peer_version": peer_lib.version, "peer_file": peer_lib.man["file"],
-                                    "peer_sha256": peer_lib.man["file_sha256"]} if peer_lib else {})}
+        data["served_about"] = {
+            "model": model.get("name"),
+            "file": str(steps.model_path(args.model).name),
+            "about": model["step"]["about"],
+            "context": model["step"].get("context"),
+            **(
+                {
+                    "peer_version": peer_lib.version,
+                    "peer_file": peer_lib.man["file"],
+                    "peer_sha256": peer_lib.man["file_sha256"],
+                }
+                if peer_lib
+                else {}
+            ),
+        }
         data["served"] = bench_served(model, built, args.trials, not args.quiet, peer_lib)
     if "startup" in sections:
         data["startup"] = bench_startup()
@@ -270,7 +315,9 @@ def main(args) -> int:
     (args.out / "bench.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     report = markdown(data)
     (args.out / "bench.md").write_text(report + "\n")
-    plotted = [name for name, fn in (("bench.png", plot), ("bench-decode.png", plot_decode)) if fn(data, args.out / name)]
+    plotted = [
+        name for name, fn in (("bench.png", plot), ("bench-decode.png", plot_decode)) if fn(data, args.out / name)
+    ]
     print(report)
     print(f"wrote {args.out / 'bench.json'}, {args.out / 'bench.md'}" + "".join(f", {args.out / n}" for n in plotted))
     return 0

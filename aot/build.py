@@ -34,6 +34,8 @@ SOURCE_GLOB = "kernels/*.py"
 def source_files(root: Path = PACKAGE_ROOT) -> list[str]:
     """The kernel source files under ``root``, as sorted relative paths."""
     return sorted(p.relative_to(root).as_posix() for p in root.glob(SOURCE_GLOB))
+
+
 CUTLASS_DIST = "nvidia-cutlass-dsl"
 
 

@@ -60,8 +60,11 @@ def _applies(when: dict | None, n: int, k: int, m: int) -> bool:
 
 def _values(values: list, n: int, k: int, m: int) -> list:
     """An axis' values for one cell: plain values, and {value, when} ones whose range holds the cell."""
-    return [v["value"] if isinstance(v, dict) else v for v in values
-            if not isinstance(v, dict) or _applies(v.get("when"), n, k, m)]
+    return [
+        v["value"] if isinstance(v, dict) else v
+        for v in values
+        if not isinstance(v, dict) or _applies(v.get("when"), n, k, m)
+    ]
 
 
 def _config(fields: dict) -> KernelConfig:

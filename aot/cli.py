@@ -35,7 +35,9 @@ def cmd_build(args) -> int:
     out = Path(args.out) if args.out else PACKAGE_ROOT / "artifacts"
     for arch in args.arch:
         try:
-            result = build(arch, out, plan_file=args.plan, cache_dir=args.cache_dir, jobs=args.jobs, progress=not args.quiet)
+            result = build(
+                arch, out, plan_file=args.plan, cache_dir=args.cache_dir, jobs=args.jobs, progress=not args.quiet
+            )
         except (BuildError, PlanError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
@@ -82,14 +84,22 @@ def cmd_list(args) -> int:
         try:
             _, entries = load(path)
         except (ValueError, OSError, KeyError, TypeError, AttributeError) as exc:  # PlanError is a ValueError
-            print(f"error: {exc}" if str(path) in str(exc) else f"error: {path}: not a plan table ({exc!r})",
-                  file=sys.stderr)
+            print(
+                f"error: {exc}" if str(path) in str(exc) else f"error: {path}: not a plan table ({exc!r})",
+                file=sys.stderr,
+            )
             return 2
-        print(f"# {arch}: {len(entries)} entries, {len({e.config for e in entries})} variants ({path.relative_to(PACKAGE_ROOT) if path.is_relative_to(PACKAGE_ROOT) else path})")
+        print(
+            f"# {arch}: {len(entries)} entries, {len({e.config for e in entries})} variants ({path.relative_to(PACKAGE_ROOT) if path.is_relative_to(PACKAGE_ROOT) else path})"
+        )
         print(f"{'n':>6} {'k':>6} {'m':>2}  {'variant':<42} provenance")
         for e in entries:
             prov = e.provenance
-            note = prov["kind"] if prov["kind"] == "heuristic" else f"measured {prov.get('speedup', '?')}x {prov.get('gpu', '')} {prov.get('date', '')}"
+            note = (
+                prov["kind"]
+                if prov["kind"] == "heuristic"
+                else f"measured {prov.get('speedup', '?')}x {prov.get('gpu', '')} {prov.get('date', '')}"
+            )
             print(f"{e.n:>6} {e.k:>6} {e.m:>2}  {e.config.name:<42} {note}")
     return 0
 
@@ -136,13 +146,17 @@ def cmd_coverage(args) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The argument parser, with a help text per verb."""
-    p = argparse.ArgumentParser(prog="skinny-gemm", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="skinny-gemm", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--version", action="version", version=f"skinny-gemm {__version__}")
     sub = p.add_subparsers(dest="verb", metavar="VERB")
     all_archs = "sm_90a,sm_121"
 
     b = sub.add_parser("build", help="compile plan tables into cubins + manifest (CPU, needs nvidia-cutlass-dsl)")
-    b.add_argument("--arch", type=_archs, default=_archs(all_archs), help=f"comma-separated targets (default {all_archs})")
+    b.add_argument(
+        "--arch", type=_archs, default=_archs(all_archs), help=f"comma-separated targets (default {all_archs})"
+    )
     b.add_argument("--out", help="output root; writes <out>/<arch>/ (default: the package's artifacts/)")
     b.add_argument("--plan", help="plan table to build instead of kernels/plans/<arch>.json (one arch only)")
     b.add_argument("--cache-dir", help="compiled-cubin cache (default $SKINNY_GEMM_CACHE or ~/.cache/skinny-gemm)")
@@ -150,9 +164,19 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=cmd_build)
 
-    v = sub.add_parser("verify", help="check a build dir or wheel: hashes, ELF arch, symbols, param ABI, staleness, orphans")
-    v.add_argument("paths", nargs="*", help="build dirs (holding <arch>/ or one <arch>/) or .whl files (default: installed artifacts)")
-    v.add_argument("--tree", type=Path, help="source tree the build must match (default: the package running verify; a wheel is checked against itself)")
+    v = sub.add_parser(
+        "verify", help="check a build dir or wheel: hashes, ELF arch, symbols, param ABI, staleness, orphans"
+    )
+    v.add_argument(
+        "paths",
+        nargs="*",
+        help="build dirs (holding <arch>/ or one <arch>/) or .whl files (default: installed artifacts)",
+    )
+    v.add_argument(
+        "--tree",
+        type=Path,
+        help="source tree the build must match (default: the package running verify; a wheel is checked against itself)",
+    )
     v.set_defaults(func=cmd_verify)
 
     ls = sub.add_parser("list", help="print plan entries and their variants")
@@ -166,9 +190,13 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="heuristic (unmeasured) plan tables: a seed set (--shapes) or catalogue models")
     pl.add_argument("--arch", type=_archs, default=_archs(all_archs))
     pl.add_argument("--shapes", help="the model's shapes file (glm53-flash-shapes.json): writes the table to --out")
-    pl.add_argument("--model", help="a catalogue slug (kernels/models/<slug>.json): report its BF16 cells' heuristic entries")
+    pl.add_argument(
+        "--model", help="a catalogue slug (kernels/models/<slug>.json): report its BF16 cells' heuristic entries"
+    )
     pl.add_argument("--all", action="store_true", help="every catalogue model at every TP it lists")
-    pl.add_argument("--tp", type=int, nargs="+", help="with --model/--all: only these TP sizes (default: every TP listed)")
+    pl.add_argument(
+        "--tp", type=int, nargs="+", help="with --model/--all: only these TP sizes (default: every TP listed)"
+    )
     pl.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="token counts (default 1 2 4 8 16)")
     pl.add_argument("--out", type=Path, help="write the heuristic plan table here (never into the installed package)")
     pl.add_argument("--force", action="store_true", help="replace an existing plan table")
@@ -176,8 +204,12 @@ def parser() -> argparse.ArgumentParser:
 
     from ..runtime import coverage
 
-    cov = sub.add_parser("coverage", help="which per-rank linears of a model vLLM would route to this wheel's plans",
-                         description=coverage.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cov = sub.add_parser(
+        "coverage",
+        help="which per-rank linears of a model vLLM would route to this wheel's plans",
+        description=coverage.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     coverage.add_arguments(cov)
     cov.set_defaults(func=cmd_coverage)
 
@@ -185,10 +217,20 @@ def parser() -> argparse.ArgumentParser:
 
     raw = argparse.RawDescriptionHelpFormatter
     bench.add_arguments(
-        sub.add_parser("bench", help="plans vs cuBLAS on this GPU: per entry, decode step, startup", description=bench.__doc__, formatter_class=raw)
+        sub.add_parser(
+            "bench",
+            help="plans vs cuBLAS on this GPU: per entry, decode step, startup",
+            description=bench.__doc__,
+            formatter_class=raw,
+        )
     )
     tune.add_arguments(
-        sub.add_parser("tune", help="generate, build, measure candidate configs; write the plan table", description=tune.__doc__, formatter_class=raw)
+        sub.add_parser(
+            "tune",
+            help="generate, build, measure candidate configs; write the plan table",
+            description=tune.__doc__,
+            formatter_class=raw,
+        )
     )
     return p
 

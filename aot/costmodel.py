@@ -173,8 +173,13 @@ def fit(paths=None) -> dict:
         "about": "log(us) = sum(coef[f] * feature f) of aot/costmodel.py features(cfg, n, k); refit with "
         "`skinny-gemm tune model-fit`, check with `skinny-gemm tune model-check`",
         "coef": {name: round(float(c), 12) for name, c in zip(FEATURES, coef)},
-        "fit": {"ridge": RIDGE, "tau": TAU, "rows": len(t.log_us), "cells": len(set(t.cell)),
-                "files": {name: sha for name, sha in t.files}},
+        "fit": {
+            "ridge": RIDGE,
+            "tau": TAU,
+            "rows": len(t.log_us),
+            "cells": len(set(t.cell)),
+            "files": {name: sha for name, sha in t.files},
+        },
     }
 
 
@@ -198,14 +203,16 @@ def predict_us(model: dict, cfg: KernelConfig, n: int, k: int) -> float:
     return math.exp(sum(coef[name] * value for name, value in features(cfg, n, k).items()))
 
 
-def select(model: dict, configs: list[KernelConfig], n: int, k: int, top: int = TOP,
-           per_family: int = PER_FAMILY) -> list[KernelConfig]:
+def select(
+    model: dict, configs: list[KernelConfig], n: int, k: int, top: int = TOP, per_family: int = PER_FAMILY
+) -> list[KernelConfig]:
     """The ``top`` best predicted configs plus the ``per_family`` best of each family, fastest predicted first."""
     ranked = sorted(configs, key=lambda c: (predict_us(model, c, n, k), c.name))
     keep = ranked[:top]
     for fam in sorted({family(c) for c in ranked}):
-        keep += [c for c in ranked if family(c) == fam and c not in keep][:max(0, per_family - sum(
-            family(c) == fam for c in keep))]
+        keep += [c for c in ranked if family(c) == fam and c not in keep][
+            : max(0, per_family - sum(family(c) == fam for c in keep))
+        ]
     order = {c: i for i, c in enumerate(ranked)}
     return sorted(set(keep), key=order.get)
 
@@ -249,16 +256,18 @@ def check(paths=None, tops=TOPS, per_family: int = PER_FAMILY, by: str = "shape"
             chosen = list(order[:TOP])
             for f in sorted(set(fam[idx])):
                 chosen += [i for i in order if fam[idx][i] == f and i not in chosen][:per_family]
-            per_cell.append({
-                "cell": cell,
-                "candidates": len(idx),
-                "rank_corr": _rank_corr(pred, us),
-                "measured_rank_of_predicted_best": int((us < us[order[0]]).sum()) + 1,
-                "loss": loss,
-                "loss_prepare_cut": float(us[chosen].min() / best - 1),
-                "prepare_cut": len(set(chosen)),
-                "median_abs_rel_error": float(np.median(np.abs(np.exp(pred) / us - 1))),
-            })
+            per_cell.append(
+                {
+                    "cell": cell,
+                    "candidates": len(idx),
+                    "rank_corr": _rank_corr(pred, us),
+                    "measured_rank_of_predicted_best": int((us < us[order[0]]).sum()) + 1,
+                    "loss": loss,
+                    "loss_prepare_cut": float(us[chosen].min() / best - 1),
+                    "prepare_cut": len(set(chosen)),
+                    "median_abs_rel_error": float(np.median(np.abs(np.exp(pred) / us - 1))),
+                }
+            )
     summary = {
         "cells": len(per_cell),
         "timings": len(t.log_us),
@@ -268,15 +277,19 @@ def check(paths=None, tops=TOPS, per_family: int = PER_FAMILY, by: str = "shape"
         # --from-plans`, one or two configs per cell) rank nothing
         "ranked_cells": sum(c["candidates"] >= MIN_RANKED for c in per_cell),
         "mean_rank_corr": float(np.mean([c["rank_corr"] for c in per_cell if c["candidates"] >= MIN_RANKED])),
-        "median_measured_rank_of_predicted_best": float(np.median([c["measured_rank_of_predicted_best"]
-                                                                   for c in per_cell])),
+        "median_measured_rank_of_predicted_best": float(
+            np.median([c["measured_rank_of_predicted_best"] for c in per_cell])
+        ),
         "mean_loss": {str(top): float(np.mean([c["loss"][str(top)] for c in per_cell])) for top in tops},
         "max_loss": {str(top): float(np.max([c["loss"][str(top)] for c in per_cell])) for top in tops},
         "cells_over_2pct": {str(top): int(sum(c["loss"][str(top)] > 0.02 for c in per_cell)) for top in tops},
-        "prepare_cut": {"top": TOP, "per_family": per_family,
-                        "mean_size": float(np.mean([c["prepare_cut"] for c in per_cell])),
-                        "mean_loss": float(np.mean([c["loss_prepare_cut"] for c in per_cell])),
-                        "max_loss": float(np.max([c["loss_prepare_cut"] for c in per_cell]))},
+        "prepare_cut": {
+            "top": TOP,
+            "per_family": per_family,
+            "mean_size": float(np.mean([c["prepare_cut"] for c in per_cell])),
+            "mean_loss": float(np.mean([c["loss_prepare_cut"] for c in per_cell])),
+            "max_loss": float(np.max([c["loss_prepare_cut"] for c in per_cell])),
+        },
         "median_abs_rel_error": float(np.median([c["median_abs_rel_error"] for c in per_cell])),
     }
     return {"summary": summary, "cells": per_cell}
@@ -286,17 +299,24 @@ def report(result: dict) -> str:
     """The held-out check as a few lines of text."""
     s = result["summary"]
     lines = [
-        (f"cost model held out by {s['held_out_by']}: {s['cells']} cells, {s['timings']} timings, "
-         f"{s['shapes_held_out']} groups (each predicted by a fit without it)"),
+        (
+            f"cost model held out by {s['held_out_by']}: {s['cells']} cells, {s['timings']} timings, "
+            f"{s['shapes_held_out']} groups (each predicted by a fit without it)"
+        ),
         f"rank correlation (Spearman, mean over the {s['ranked_cells']} cells of >= {MIN_RANKED} candidates): {s['mean_rank_corr']:.3f}",
         f"measured rank of the predicted best (median): {s['median_measured_rank_of_predicted_best']:.0f}",
         f"time error |pred/us - 1| (median): {100 * s['median_abs_rel_error']:.1f}%",
         "best of the model's top N vs the true best: "
-        + ", ".join(f"N={n}: mean +{100 * s['mean_loss'][n]:.2f}% max +{100 * s['max_loss'][n]:.1f}% "
-                    f"({s['cells_over_2pct'][n]} cells > 2%)" for n in s["mean_loss"]),
-        (f"`tune prepare` cut (top {s['prepare_cut']['top']} + best {s['prepare_cut']['per_family']} per family, "
-         f"{s['prepare_cut']['mean_size']:.1f} per cell): mean +{100 * s['prepare_cut']['mean_loss']:.2f}% "
-         f"max +{100 * s['prepare_cut']['max_loss']:.1f}%"),
+        + ", ".join(
+            f"N={n}: mean +{100 * s['mean_loss'][n]:.2f}% max +{100 * s['max_loss'][n]:.1f}% "
+            f"({s['cells_over_2pct'][n]} cells > 2%)"
+            for n in s["mean_loss"]
+        ),
+        (
+            f"`tune prepare` cut (top {s['prepare_cut']['top']} + best {s['prepare_cut']['per_family']} per family, "
+            f"{s['prepare_cut']['mean_size']:.1f} per cell): mean +{100 * s['prepare_cut']['mean_loss']:.2f}% "
+            f"max +{100 * s['prepare_cut']['max_loss']:.1f}%"
+        ),
     ]
     return "\n".join(lines)
 

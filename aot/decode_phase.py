@@ -114,7 +114,11 @@ def step_entry(model: dict, arch: str, tp: int, ms, calls=None, gemms=None) -> d
     built = {m: steps.build(model, tp, m, gemms, arch=arch) for m in ms}
     if calls is None:
         calls = [(n, k) for _, n, k in steps.gemm_calls(next(iter(built.values())))] if built else []
-    return {"tp": tp, "calls": [list(c) for c in calls], "step": {str(m): steps.to_json(ops) for m, ops in built.items()}}
+    return {
+        "tp": tp,
+        "calls": [list(c) for c in calls],
+        "step": {str(m): steps.to_json(ops) for m, ops in built.items()},
+    }
 
 
 def entry_choices(row: dict, top: int) -> list[str]:
@@ -138,8 +142,18 @@ def entry_choices(row: dict, top: int) -> list[str]:
     return [name for name in winners if base(name) in chosen]
 
 
-def decode_phase(lib, rows: list, steps: list, device, top: int, trials: int, progress: bool, passes: int = 1,
-                 read_cap: int | None = None, confirm_trials: int | None = None) -> None:
+def decode_phase(
+    lib,
+    rows: list,
+    steps: list,
+    device,
+    top: int,
+    trials: int,
+    progress: bool,
+    passes: int = 1,
+    read_cap: int | None = None,
+    confirm_trials: int | None = None,
+) -> None:
     """Re-rank each cell's candidates (`entry_choices`) inside whole served steps; adds row["decode"] in place.
 
     A later pass re-times every cell with all the others on their previous-pass choice
@@ -223,7 +237,11 @@ def _step_data(step: dict, m: int, device, read_cap: int | None = None):
     from . import steps
 
     ops_json = step.get("step", {}).get(str(m))
-    ops = steps.from_json(ops_json) if ops_json is not None else [steps.Op("gemm", "", n=n, k=k) for n, k in step["calls"]]
+    ops = (
+        steps.from_json(ops_json)
+        if ops_json is not None
+        else [steps.Op("gemm", "", n=n, k=k) for n, k in step["calls"]]
+    )
     return ms.step_data(ops, m, device, read_cap)
 
 
@@ -232,10 +250,13 @@ def _time_steps(lib, bufs: dict, m: int, picks: dict, tps: list, trials: int) ->
     from . import measure as ms
 
     def gemm(pick):
-        return lambda x, w, out, n, k: (ms.kernel_call(lib, pick[(n, k, m)], x, w, out, n, k) if pick.get((n, k, m))
-                                        else ms.cublas_call(x, w, out))()
+        return lambda x, w, out, n, k: (
+            ms.kernel_call(lib, pick[(n, k, m)], x, w, out, n, k) if pick.get((n, k, m)) else ms.cublas_call(x, w, out)
+        )()
 
-    graphs = {(label, tp): ms.capture(ms.step_calls(bufs[tp], gemm(pick))) for label, pick in picks.items() for tp in tps}
+    graphs = {
+        (label, tp): ms.capture(ms.step_calls(bufs[tp], gemm(pick))) for label, pick in picks.items() for tp in tps
+    }
     times = ms.time_graphs({str(key): g for key, g in graphs.items()}, {str(key): 1 for key in graphs}, trials)
     return {label: {tp: times[str((label, tp))] for tp in tps} for label in picks}
 
@@ -254,6 +275,7 @@ def _family_check(lib, bufs: dict, m: int, group: list, cells: dict, choice: dic
     TP8 M=4 step by ~50 us, and two bulk cells kept each other in the plan.
     Each cell's replacement is its fastest other-family candidate of its last pass.
     """
+
     def fam(key, name):
         return family(cells[key]["candidates"][name]["config"])
 
@@ -264,17 +286,30 @@ def _family_check(lib, bufs: dict, m: int, group: list, cells: dict, choice: dic
             continue
         swap = {}
         for key in members:
-            others = {nm: sum(v.values()) for nm, v in cells[key]["decode"]["step_us"].items() if fam(key, nm) != fam_name}
+            others = {
+                nm: sum(v.values()) for nm, v in cells[key]["decode"]["step_us"].items() if fam(key, nm) != fam_name
+            }
             if others:
                 swap[key] = min(others, key=others.get)
         if not swap:
             continue
-        tps = sorted({tp for tp, data in bufs.items() for op in data.ops if op.is_gemm for key in swap
-                      if (op.n, op.k) == key[:2]})
+        tps = sorted(
+            {
+                tp
+                for tp, data in bufs.items()
+                for op in data.ops
+                if op.is_gemm
+                for key in swap
+                if (op.n, op.k) == key[:2]
+            }
+        )
         per = _time_steps(lib, bufs, m, {"kept": dict(choice), "swapped": {**choice, **swap}}, tps, trials)
         swapped = sum(per["swapped"].values()) < (1 - FAMILY_MARGIN) * sum(per["kept"].values())
-        record = {"family": fam_name, "swapped": swapped,
-                  "step_us": {lb: {str(tp): us for tp, us in v.items()} for lb, v in per.items()}}
+        record = {
+            "family": fam_name,
+            "swapped": swapped,
+            "step_us": {lb: {str(tp): us for tp, us in v.items()} for lb, v in per.items()},
+        }
         for key, other in swap.items():
             cells[key]["decode"]["family_check"] = record
             if swapped:

@@ -185,24 +185,27 @@ def step_data(ops, m: int, device, read_cap: int | None = None) -> StepData:
             rows = -(-op.bytes // (2 * READ_ROW))
             if offset + rows * READ_ROW > arena.numel():
                 offset = 0
-            view = arena[offset : offset + rows * READ_ROW].view(rows, READ_ROW) if rows * READ_ROW <= arena.numel() \
+            view = (
+                arena[offset : offset + rows * READ_ROW].view(rows, READ_ROW)
+                if rows * READ_ROW <= arena.numel()
                 else torch.zeros(rows, READ_ROW, device=device, dtype=torch.bfloat16)
+            )
             offset += rows * READ_ROW
-            calls[i] = (lambda v=view: torch.sum(v, dim=0, out=acc))
+            calls[i] = lambda v=view: torch.sum(v, dim=0, out=acc)
         elif op.kind == "silu_and_mul":
             src = torch.randn(m, 2 * op.size, device=device).to(torch.bfloat16)
             dst = torch.empty(m, op.size, device=device, dtype=torch.bfloat16)
-            calls[i] = (lambda s=src, d=dst, h=op.size: torch.mul(F.silu(s[:, :h]), s[:, h:], out=d))
+            calls[i] = lambda s=src, d=dst, h=op.size: torch.mul(F.silu(s[:, :h]), s[:, h:], out=d)
         else:
             h = torch.randn(m, op.size, device=device).to(torch.bfloat16)
             g = torch.ones(op.size, device=device, dtype=torch.bfloat16)
             if op.kind == "rms_norm":
-                calls[i] = (lambda h=h, g=g: F.rms_norm(h, (h.shape[1],), g))
+                calls[i] = lambda h=h, g=g: F.rms_norm(h, (h.shape[1],), g)
             elif op.kind == "add_rms_norm":
                 r = torch.randn(m, op.size, device=device).to(torch.bfloat16)
-                calls[i] = (lambda h=h, g=g, r=r: F.rms_norm(h.add_(r), (h.shape[1],), g))
+                calls[i] = lambda h=h, g=g, r=r: F.rms_norm(h.add_(r), (h.shape[1],), g)
             else:  # rotary: one elementwise pass over q and k of the rank
-                calls[i] = (lambda h=h: h.mul_(0.9999))
+                calls[i] = lambda h=h: h.mul_(0.9999)
     return StepData(ops, m, gemms, calls)
 
 

@@ -40,7 +40,9 @@ def measure(
     for row in spec["cells"]:
         by_shape.setdefault((row["n"], row["k"]), []).append(row)
     out_rows = []
-    bar = tqdm(total=sum(len(r["candidates"]) for r in spec["cells"]), desc="measure", unit="cand", disable=not progress)
+    bar = tqdm(
+        total=sum(len(r["candidates"]) for r in spec["cells"]), desc="measure", unit="cand", disable=not progress
+    )
     for (n, k), rows in sorted(by_shape.items()):
         inputs = ms.make_inputs(n, k, [r["m"] for r in rows], device)
         for row in rows:
@@ -70,8 +72,18 @@ def measure(
     in_step = decode_top > 1 and bool(spec.get("decode"))
     confirms = confirm_replays(trials, confirm_trials)
     if in_step:
-        decode_phase(lib, out_rows, spec["decode"], device, decode_top, trials, progress, decode_passes,
-                     None if read_cap_mb is None else read_cap_mb << 20, confirms)
+        decode_phase(
+            lib,
+            out_rows,
+            spec["decode"],
+            device,
+            decode_top,
+            trials,
+            progress,
+            decode_passes,
+            None if read_cap_mb is None else read_cap_mb << 20,
+            confirms,
+        )
     data = {
         "arch": arch,
         "gpu": gpu,
@@ -89,10 +101,13 @@ def measure(
             f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen; "
             f"{decode_passes} pass(es) over the cells, the last decides; then each kernel family holding two or "
             "more cells is swapped out whole for their best other candidates, kept if the steps get 1% faster"
-            + (f"; then per M the whole steps with these choices against every cell on its alone-fastest "
-               f"candidate, interleaved, median of {confirms} trials: the choices are kept only if their sum over "
-               f"the TPs is {CONFIRM_MARGIN:.1%} lower, else that M goes back to the alone-fastest"
-               if confirms else "; no confirm step")
+            + (
+                f"; then per M the whole steps with these choices against every cell on its alone-fastest "
+                f"candidate, interleaved, median of {confirms} trials: the choices are kept only if their sum over "
+                f"the TPs is {CONFIRM_MARGIN:.1%} lower, else that M goes back to the alone-fastest"
+                if confirms
+                else "; no confirm step"
+            )
             + (f"; the step's read stand-ins capped at {read_cap_mb} MB each" if read_cap_mb is not None else "")
         )
     results.write_text(dumps(data))

@@ -87,7 +87,7 @@ def _shape_problems(where: str, tp_map, field: str = "tp") -> list[str]:
     """Problems of a {"<tp>": [N, K]} map at ``where`` (its key ``field``)."""
     where = where if field != "tp" else f"{where}.tp"
     if not isinstance(tp_map, dict) or not tp_map:
-        return [f"{where}: must be a non-empty object of \"<tp>\": [N, K]"]
+        return [f'{where}: must be a non-empty object of "<tp>": [N, K]']
     problems = []
     for tp, shape in tp_map.items():
         if tp not in {str(t) for t in TPS}:
@@ -139,7 +139,7 @@ def structure_problems(data) -> list[str]:
                 problems.append(f"experts.dtype: {experts['dtype']!r} must be a string")
             per_step = experts.get("bytes_per_step_M1", {})
             if not isinstance(per_step, dict) or not all(_pos_int(v) for v in per_step.values()):
-                problems.append("experts.bytes_per_step_M1: must map \"<tp>\" to a positive int")
+                problems.append('experts.bytes_per_step_M1: must map "<tp>" to a positive int')
     corrections = data.get("corrections", [])
     if not isinstance(corrections, list) or not all(
         isinstance(c, dict) and isinstance(c.get("field"), str) and isinstance(c.get("why"), str) for c in corrections
@@ -149,7 +149,7 @@ def structure_problems(data) -> list[str]:
     if fits is not None and not (
         isinstance(fits, dict) and all(isinstance(v, list) and set(v) <= set(GPU_GB) for v in fits.values())
     ):
-        problems.append(f"fits: must map \"<tp>\" to a list of {sorted(GPU_GB)}")
+        problems.append(f'fits: must map "<tp>" to a list of {sorted(GPU_GB)}')
     return problems
 
 
@@ -224,19 +224,28 @@ def consistency_problems(data: dict) -> list[str]:
         inter = arch.get("moe_intermediate") or arch.get("intermediate") or 0
         for tp, shape in sorted(experts.get("w13_per_expert", {}).items()):
             if shape != [2 * inter // int(tp), arch["hidden"]]:
-                problems.append(f"experts.w13_per_expert.{tp}: {shape} but arch gives {[2 * inter // int(tp), arch['hidden']]}")
+                problems.append(
+                    f"experts.w13_per_expert.{tp}: {shape} but arch gives {[2 * inter // int(tp), arch['hidden']]}"
+                )
         for tp, shape in sorted(experts.get("w2_per_expert", {}).items()):
             if shape != [arch["hidden"], inter // int(tp)]:
-                problems.append(f"experts.w2_per_expert.{tp}: {shape} but arch gives {[arch['hidden'], inter // int(tp)]}")
+                problems.append(
+                    f"experts.w2_per_expert.{tp}: {shape} but arch gives {[arch['hidden'], inter // int(tp)]}"
+                )
         per_elem = DTYPE_BYTES.get(experts.get("dtype"))
         for tp, got in sorted(experts.get("bytes_per_step_M1", {}).items()):
             w13, w2 = experts.get("w13_per_expert", {}).get(tp), experts.get("w2_per_expert", {}).get(tp)
             if per_elem and w13 and w2 and experts.get("layers") and experts.get("top_k"):
                 want = experts["layers"] * experts["top_k"] * (w13[0] * w13[1] + w2[0] * w2[1]) * per_elem
                 if got != want:
-                    problems.append(f"experts.bytes_per_step_M1.{tp}: {got} but layers x top_k x expert bytes give {want}")
-        for field, want in (("num_experts", arch["experts"]), ("top_k", arch.get("top_k")),
-                            ("layers", arch["layers"] - arch.get("dense_layers", 0))):
+                    problems.append(
+                        f"experts.bytes_per_step_M1.{tp}: {got} but layers x top_k x expert bytes give {want}"
+                    )
+        for field, want in (
+            ("num_experts", arch["experts"]),
+            ("top_k", arch.get("top_k")),
+            ("layers", arch["layers"] - arch.get("dense_layers", 0)),
+        ):
             if experts.get(field) != want:
                 problems.append(f"experts.{field}: {experts.get(field)!r} but arch gives {want}")
     fits, size = data.get("fits"), data.get("weights_gb")
@@ -289,8 +298,9 @@ def linears(data: dict, tp: int) -> list[Linear]:
     for name, lin in sorted(data["linears"].items()):
         shape = lin["tp"].get(str(tp))
         if shape:
-            found.append(Linear(name, shape[0], shape[1], lin["calls_per_step"], lin["dtype"], lin["bias"],
-                                lin["plugin"]))
+            found.append(
+                Linear(name, shape[0], shape[1], lin["calls_per_step"], lin["dtype"], lin["bias"], lin["plugin"])
+            )
     return found
 
 

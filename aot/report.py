@@ -19,7 +19,10 @@ def markdown(data: dict) -> str:
         rows = data["entries"]
         lines += [
             f"## Plan entries ({len(rows)} cells; geomean speedup {geomean(r['speedup'] for r in rows):.3f}x, "
-            + ", ".join(f"M={m}: {geomean(r['speedup'] for r in rows if r['m'] == m):.3f}x" for m in sorted({r['m'] for r in rows}))
+            + ", ".join(
+                f"M={m}: {geomean(r['speedup'] for r in rows if r['m'] == m):.3f}x"
+                for m in sorted({r["m"] for r in rows})
+            )
             + ")",
             "",
             "| N | K | M | cuBLAS us | plan us | speedup | plan % of 4.8 TB/s | variant |",
@@ -52,8 +55,10 @@ def markdown(data: dict) -> str:
         lines += [
             "## Startup",
             "",
-            (f"import + load of {s['variants']} variants ({s['plans']} plans): median {s['import_and_load_ms']:.1f} ms "
-            f"(runs: {', '.join(f'{v:.1f}' for v in s['runs_ms'])} ms)"),
+            (
+                f"import + load of {s['variants']} variants ({s['plans']} plans): median {s['import_and_load_ms']:.1f} ms "
+                f"(runs: {', '.join(f'{v:.1f}' for v in s['runs_ms'])} ms)"
+            ),
             "",
         ]
     if "jit" in data:
@@ -61,8 +66,10 @@ def markdown(data: dict) -> str:
         lines += [
             "## JIT compile of the same variants (CPU machine)",
             "",
-            (f"{j['variants']} {j['arch']} variants: `import cutlass.cute` {j['cutlass_import_s']:.2f} s + compile "
-            f"{j['compile_total_s']:.1f} s (median {j['compile_median_s']:.2f} s per variant; {j['note']})"),
+            (
+                f"{j['variants']} {j['arch']} variants: `import cutlass.cute` {j['cutlass_import_s']:.2f} s + compile "
+                f"{j['compile_total_s']:.1f} s (median {j['compile_median_s']:.2f} s per variant; {j['note']})"
+            ),
             "",
         ]
     return "\n".join(lines)
@@ -79,7 +86,8 @@ def served_markdown(rows: list, about: dict) -> list[str]:
         "One CUDA graph per (TP, M), cold L2 (every weight and stand-in buffer read from HBM). "
         "share = step - ops alone (the projections' part of the served step); speedups over cuBLAS. "
         "Bare chain: the same projections back to back without the ops (the kernels' own ceiling: "
-        "no server runs it)." + (f" Peer: vLLM {about.get('peer_version')} CuteSkinnyGemm, use_pdl off / on." if peer else ""),
+        "no server runs it)."
+        + (f" Peer: vLLM {about.get('peer_version')} CuteSkinnyGemm, use_pdl off / on." if peer else ""),
         "",
         "| TP | M | planned | cuBLAS step us | ours step us | step speedup | ops alone us | ours share us | "
         "share speedup |" + (" peer share speedup (pdl off / on) |" if peer else "") + " bare chain speedup |",
@@ -88,17 +96,22 @@ def served_markdown(rows: list, about: dict) -> list[str]:
     for r in rows:
         t, sp = r["us"], r["speedup"]
         if "ours+step" in t:
-            ours = (f"{t['ours+step']:.0f} | {sp['step']['ours']:.2f}x | {t['ops']:.0f} | {r['share_us']['ours']:.0f} | "
-                    f"{sp['share'].get('ours', float('nan')):.2f}x")
+            ours = (
+                f"{t['ours+step']:.0f} | {sp['step']['ours']:.2f}x | {t['ops']:.0f} | {r['share_us']['ours']:.0f} | "
+                f"{sp['share'].get('ours', float('nan')):.2f}x"
+            )
             bare = f"{sp['bare']['ours']:.2f}x"
         else:
             ours, bare = f"no plan | | {t['ops']:.0f} | no plan | no plan", "no plan"
         peer_col = ""
         if peer:
-            peer_col = (f" {sp['share'].get('peer', float('nan')):.2f}x / "
-                        f"{sp['share'].get('peer_pdl', float('nan')):.2f}x |")
-        lines.append(f"| {r['tp']} | {r['m']} | {r['planned_gemms']}/{r['gemms']} | {t['cublas+step']:.0f} | {ours} |"
-                     f"{peer_col} {bare} |")
+            peer_col = (
+                f" {sp['share'].get('peer', float('nan')):.2f}x / {sp['share'].get('peer_pdl', float('nan')):.2f}x |"
+            )
+        lines.append(
+            f"| {r['tp']} | {r['m']} | {r['planned_gemms']}/{r['gemms']} | {t['cublas+step']:.0f} | {ours} |"
+            f"{peer_col} {bare} |"
+        )
     lines.append("")
     return lines
 
@@ -127,19 +140,27 @@ def plot_decode(data: dict, path: Path) -> bool:
     labels = [f"TP{r['tp']} M{r['m']}" for r in rows]
     providers = [p for p in ("ours", "peer", "peer_pdl") if any(p in r["speedup"]["share"] for r in rows)]
     fig, axes = plt.subplots(1, 2, figsize=(max(10, len(rows) * 0.9), 4.5), sharey=True)
-    for ax, key, title in ((axes[0], "share", "served step: projections' share (step - ops)"),
-                           (axes[1], "bare", "bare chain (projections back to back)")):
+    for ax, key, title in (
+        (axes[0], "share", "served step: projections' share (step - ops)"),
+        (axes[1], "bare", "bare chain (projections back to back)"),
+    ):
         width = 0.8 / max(1, len(providers))
         for j, p in enumerate(providers):
-            ax.bar([i + j * width for i in range(len(rows))], [r["speedup"][key].get(p, 0) for r in rows],
-                   width=width, label=p)
+            ax.bar(
+                [i + j * width for i in range(len(rows))],
+                [r["speedup"][key].get(p, 0) for r in rows],
+                width=width,
+                label=p,
+            )
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], labels, rotation=60, fontsize=7)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
     axes[0].set_ylabel("speedup over cuBLAS")
-    fig.suptitle(f"{about.get('model', '')} decode step, {data.get('gpu', '')}, {data['date']} "
-                 f"({about.get('file', '')})", fontsize=9)
+    fig.suptitle(
+        f"{about.get('model', '')} decode step, {data.get('gpu', '')}, {data['date']} ({about.get('file', '')})",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return True

@@ -134,8 +134,9 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
     path = plans.plan_target(arch, out)
     if not entries:
         # Written, it would replace a table with one that plans nothing: every shape would fall back.
-        raise ValueError(f"no cell of {len(merged)} beats cuBLAS by {min_speedup}x: refusing to write an empty "
-                         f"plan table to {path}")
+        raise ValueError(
+            f"no cell of {len(merged)} beats cuBLAS by {min_speedup}x: refusing to write an empty plan table to {path}"
+        )
     plans.write_table(path, header, entries)
     return path, len(entries), skipped
 

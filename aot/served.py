@@ -42,7 +42,9 @@ def bench_served(model: dict, built: list, trials: int, progress: bool, peer_lib
             x, w, _ = data.gemms.get(i, (None, None, None))
             if op.is_gemm and m in skinny_gemm.planned_ms(op.n, op.k) and rt_ops.plan(x, w) is None:
                 # A silent fallback would be published as kernel time.
-                raise SystemExit(f"bench: ({op.n}, {op.k}, {m}) is planned but would not dispatch; see `skinny-gemm env`")
+                raise SystemExit(
+                    f"bench: ({op.n}, {op.k}, {m}) is planned but would not dispatch; see `skinny-gemm env`"
+                )
         providers = {"cublas": lambda x, w, out, n, k: torch.mm(x, w.T, out=out)}
         if planned:
             providers["ours"] = lambda x, w, out, n, k: skinny_gemm.linear(x, w)

@@ -161,7 +161,9 @@ def _check_items(model, items, where, tps, layers, depth) -> None:
         if "layer" in item:
             extra = sorted(set(item) - {"layer", "repeat", "note"})
             if extra or item["layer"] not in layers:
-                why = f"unknown key(s) {extra}" if extra else f"unknown layer {item['layer']!r} (known: {sorted(layers)})"
+                why = (
+                    f"unknown key(s) {extra}" if extra else f"unknown layer {item['layer']!r} (known: {sorted(layers)})"
+                )
                 raise StepError(f"{at}: {why}")
         elif "body" in item:
             extra = sorted(set(item) - {"body", "repeat", "note"})
@@ -197,7 +199,9 @@ def _check_op(model: dict, op, where: str, tps) -> None:
         for tp in tps:
             value = _at_tp(op[f], tp)
             if not _positive(value):
-                raise StepError(f"{where}: {kind}.{f} at TP {tp}: a positive int (or a map of TP -> int), got {op[f]!r}")
+                raise StepError(
+                    f"{where}: {kind}.{f} at TP {tp}: a positive int (or a map of TP -> int), got {op[f]!r}"
+                )
 
 
 def _at_tp(value, tp: int):
@@ -276,5 +280,9 @@ def to_json(ops: list[Op]) -> list:
 
 def from_json(data: list) -> list[Op]:
     """Inverse of `to_json` (the names are not kept)."""
-    return [Op("gemm", "", n=d[1], k=d[2]) if isinstance(d, list) else Op(d["op"], d["op"], size=d["size"], bytes=d["bytes"])
-            for d in data]
+    return [
+        Op("gemm", "", n=d[1], k=d[2])
+        if isinstance(d, list)
+        else Op(d["op"], d["op"], size=d["size"], bytes=d["bytes"])
+        for d in data
+    ]

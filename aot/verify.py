@@ -101,8 +101,16 @@ def _unpack(path: Path, dest: str) -> str | None:
             whl.extractall(dest)
     except FileProblem as exc:
         return f"{shown(path)}: wheel {exc}"
-    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
-            ValueError, zlib.error) as exc:
+    except (
+        OSError,
+        EOFError,
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        NotImplementedError,
+        RuntimeError,
+        ValueError,
+        zlib.error,
+    ) as exc:
         return f"{path}: not a readable wheel ({type(exc).__name__}: {exc})"
     return None
 

@@ -76,15 +76,20 @@ def model_config(model: str, folder: Path) -> tuple[str, Path]:
     family = next((f for f in FAMILIES if model.startswith(f)), None)
     missing = sorted(DENSE_ARCH - set(data.get("arch", {})))
     if family is not None and (missing or data.get("checkpoint") != "BF16"):
-        raise VllmBenchError(f"--model {model}: not a dense BF16 checkpoint in the catalogue "
-                             f"({'arch lacks ' + ', '.join(missing) if missing else 'checkpoint ' + str(data.get('checkpoint'))}); "
-                             "pass its config.json")
+        raise VllmBenchError(
+            f"--model {model}: not a dense BF16 checkpoint in the catalogue "
+            f"({'arch lacks ' + ', '.join(missing) if missing else 'checkpoint ' + str(data.get('checkpoint'))}); "
+            "pass its config.json"
+        )
     if family is None:
-        raise VllmBenchError(f"--model {model}: no config.json can be made for it here (dense families: "
-                             f"{', '.join(FAMILIES)}); pass its config.json")
+        raise VllmBenchError(
+            f"--model {model}: no config.json can be made for it here (dense families: "
+            f"{', '.join(FAMILIES)}); pass its config.json"
+        )
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(_hf_config(data["arch"], *FAMILIES[family]), indent=1,
-                                                   sort_keys=True))
+    (folder / "config.json").write_text(
+        json.dumps(_hf_config(data["arch"], *FAMILIES[family]), indent=1, sort_keys=True)
+    )
     return data["name"], folder
 
 
@@ -143,10 +148,13 @@ def engine_main(spec_path: str) -> None:
 
     def run(batch: int, tokens: int) -> float:
         span = min(1000, spec["vocab"] - 10)
-        prompts = [{"prompt_token_ids": [(7 + 31 * i + 13 * j) % span + 10 for j in range(spec["prompt_len"])]}
-                   for i in range(batch)]
-        params = SamplingParams(temperature=0.0, max_tokens=tokens, min_tokens=tokens, ignore_eos=True,
-                                detokenize=False)
+        prompts = [
+            {"prompt_token_ids": [(7 + 31 * i + 13 * j) % span + 10 for j in range(spec["prompt_len"])]}
+            for i in range(batch)
+        ]
+        params = SamplingParams(
+            temperature=0.0, max_tokens=tokens, min_tokens=tokens, ignore_eos=True, detokenize=False
+        )
         t0 = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - t0
@@ -192,8 +200,11 @@ def _profile(fn, steps: int) -> dict:
         if event.device_type.name == "CUDA":
             kernels[event.name] = kernels.get(event.name, 0) + 1
     ours = sum(c for name, c in kernels.items() if name.startswith("skinny_"))
-    other = sum(c for name, c in kernels.items()
-                if any(g in name.lower() for g in OTHER_GEMM) and not any(x in name.lower() for x in NOT_GEMM))
+    other = sum(
+        c
+        for name, c in kernels.items()
+        if any(g in name.lower() for g in OTHER_GEMM) and not any(x in name.lower() for x in NOT_GEMM)
+    )
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
     return {"steps": steps, "skinny_kernels": ours, "other_gemm_kernels": other, "top_kernels": top}
 
@@ -214,9 +225,15 @@ def bench_vllm(args) -> dict:
         for i, arm in enumerate(order):
             print(f"vllm: engine {i + 1}/{len(order)}: plugin {arm}", flush=True)
             spec = {
-                "arm": arm, "model_dir": str(folder), "batches": batches, "prompt_len": args.prompt_len,
-                "decode_tokens": args.decode_tokens, "reps": args.reps, "eager": args.eager,
-                "profile": bool(args.profile) and i < 2, "gpu_memory_utilization": args.gpu_memory_utilization,
+                "arm": arm,
+                "model_dir": str(folder),
+                "batches": batches,
+                "prompt_len": args.prompt_len,
+                "decode_tokens": args.decode_tokens,
+                "reps": args.reps,
+                "eager": args.eager,
+                "profile": bool(args.profile) and i < 2,
+                "gpu_memory_utilization": args.gpu_memory_utilization,
                 "vocab": int(config.get("vocab_size", 1010)),
                 "out": str(Path(tmp) / f"arm-{i}.json"),
             }
@@ -228,9 +245,17 @@ def bench_vllm(args) -> dict:
             if proc.returncode != 0:
                 raise VllmBenchError(f"the plugin-{arm} engine process failed (exit {proc.returncode}): see above")
             arms.append(json.loads(Path(spec["out"]).read_text()))
-    return {"model": name, "config": config, "batches": batches, "prompt_len": args.prompt_len,
-            "decode_tokens": args.decode_tokens, "reps": args.reps, "eager": args.eager, "arms": arms,
-            "rows": summarize(arms, batches)}
+    return {
+        "model": name,
+        "config": config,
+        "batches": batches,
+        "prompt_len": args.prompt_len,
+        "decode_tokens": args.decode_tokens,
+        "reps": args.reps,
+        "eager": args.eager,
+        "arms": arms,
+        "rows": summarize(arms, batches),
+    }
 
 
 def summarize(arms: list[dict], batches: list[int]) -> list[dict]:
@@ -240,8 +265,16 @@ def summarize(arms: list[dict], batches: list[int]) -> list[dict]:
         off = [a["tpot_ms"][str(b)]["median"] for a in arms if a["arm"] == "off"]
         on = [a["tpot_ms"][str(b)]["median"] for a in arms if a["arm"] == "on"]
         m_off, m_on = statistics.median(off), statistics.median(on)
-        rows.append({"batch": b, "off_ms": m_off, "on_ms": m_on, "off_range": [min(off), max(off)],
-                     "on_range": [min(on), max(on)], "change_pct": (m_on / m_off - 1) * 100})
+        rows.append(
+            {
+                "batch": b,
+                "off_ms": m_off,
+                "on_ms": m_on,
+                "off_range": [min(off), max(off)],
+                "on_range": [min(on), max(on)],
+                "change_pct": (m_on / m_off - 1) * 100,
+            }
+        )
     return rows
 
 
@@ -256,28 +289,37 @@ def markdown(data: dict) -> str:
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["rows"]:
-        lines.append(f"| {r['batch']} | {r['off_ms']:.3f} | {r['on_ms']:.3f} | {r['change_pct']:+.1f}% | "
-                     f"{r['off_range'][0]:.3f}-{r['off_range'][1]:.3f} | {r['on_range'][0]:.3f}-{r['on_range'][1]:.3f} |")
+        lines.append(
+            f"| {r['batch']} | {r['off_ms']:.3f} | {r['on_ms']:.3f} | {r['change_pct']:+.1f}% | "
+            f"{r['off_range'][0]:.3f}-{r['off_range'][1]:.3f} | {r['on_range'][0]:.3f}-{r['on_range'][1]:.3f} |"
+        )
     init = {arm: [a["init_s"] for a in data["arms"] if a["arm"] == arm] for arm in ("off", "on")}
-    lines += ["", "Engine init (s): " + "; ".join(f"{arm} " + ", ".join(f"{s:.1f}" for s in v)
-                                                   for arm, v in init.items())]
+    lines += [
+        "",
+        "Engine init (s): " + "; ".join(f"{arm} " + ", ".join(f"{s:.1f}" for s in v) for arm, v in init.items()),
+    ]
     on = next((a for a in data["arms"] if a["arm"] == "on"), None)
     if on and on.get("counters_after_warm_up") is not None:
-        for label, key in (("after warm-up (graph capture included)", "counters_after_warm_up"),
-                           ("during the timed runs (eager launches; graph replays are not counted)",
-                            "counters_timed")):
+        for label, key in (
+            ("after warm-up (graph capture included)", "counters_after_warm_up"),
+            ("during the timed runs (eager launches; graph replays are not counted)", "counters_timed"),
+        ):
             c = on[key]
             launched = sum(x[-1] for x in c["launches"])
             fell = [f for f in c["fallbacks"] if f[3] != "not planned"]
-            lines.append(f"Counters {label}: {launched} launches over {len(c['launches'])} (N, K, M); "
-                         f"fallbacks other than 'not planned': " + (", ".join(
-                             f"({f[0]}, {f[1]}) M={f[2]} {f[3]} x{f[4]}" for f in fell) or "none"))
+            lines.append(
+                f"Counters {label}: {launched} launches over {len(c['launches'])} (N, K, M); "
+                f"fallbacks other than 'not planned': "
+                + (", ".join(f"({f[0]}, {f[1]}) M={f[2]} {f[3]} x{f[4]}" for f in fell) or "none")
+            )
     for a in data["arms"]:
         if a.get("profile"):
             p = a["profile"]
-            lines.append(f"Profile, plugin {a['arm']}, one generate at batch 1 (its prefill and {p['steps']} decode "
-                         f"steps): {p['skinny_kernels']} "
-                         f"skinny kernels, {p['other_gemm_kernels']} other GEMM kernels")
+            lines.append(
+                f"Profile, plugin {a['arm']}, one generate at batch 1 (its prefill and {p['steps']} decode "
+                f"steps): {p['skinny_kernels']} "
+                f"skinny kernels, {p['other_gemm_kernels']} other GEMM kernels"
+            )
     return "\n".join(lines)
 
 
@@ -292,8 +334,10 @@ def plot(data: dict, path: Path) -> bool:
     xs = [r["batch"] for r in data["rows"]]
     for arm, color in (("off", "tab:gray"), ("on", "tab:blue")):
         ys = [r[f"{arm}_ms"] for r in data["rows"]]
-        err = [[y - r[f"{arm}_range"][0] for y, r in zip(ys, data["rows"])],
-               [r[f"{arm}_range"][1] - y for y, r in zip(ys, data["rows"])]]
+        err = [
+            [y - r[f"{arm}_range"][0] for y, r in zip(ys, data["rows"])],
+            [r[f"{arm}_range"][1] - y for y, r in zip(ys, data["rows"])],
+        ]
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=color, label=f"plugin {arm}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])
@@ -330,7 +374,6 @@ def main(args, data: dict) -> int:
     print(report)
     print(f"wrote {args.out / 'vllm.json'}, {args.out / 'vllm.md'}" + (f", {args.out / 'vllm.png'}" if plotted else ""))
     return 0
-
 
 
 if __name__ == "__main__":

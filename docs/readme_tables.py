@@ -11,8 +11,21 @@ import sys
 from pathlib import Path
 
 # The GLM-5.3-Flash seed set's shapes (kernels/models/glm-5.3-flash.json, sm_90a): the headline cells.
-GLM_SHAPES = {(160, 4096), (1024, 128), (2048, 128), (2048, 1536), (4096, 1024), (4096, 1536), (4096, 2048),
-              (2048, 4096), (3336, 4096), (4096, 4096), (6416, 4096), (19360, 4096), (38720, 4096)}
+GLM_SHAPES = {
+    (160, 4096),
+    (1024, 128),
+    (2048, 128),
+    (2048, 1536),
+    (4096, 1024),
+    (4096, 1536),
+    (4096, 2048),
+    (2048, 4096),
+    (3336, 4096),
+    (4096, 4096),
+    (6416, 4096),
+    (19360, 4096),
+    (38720, 4096),
+}
 
 
 def geomean(values):
@@ -49,10 +62,15 @@ def served_table(rows):
             print(f"| {r['tp']} | {r['m']} | no plan | | |" + (" |" if peer else "") + " | |")
             continue
         sp, share = r["speedup"], r["share_us"]
-        peer_cell = (f" {sp['share']['peer']:.2f}x / {sp['share']['peer_pdl']:.2f}x |"
-                     if peer and "peer" in sp["share"] else (" |" if peer else ""))
-        print(f"| {r['tp']} | {r['m']} | {share['cublas']:.0f} us | {share['ours']:.0f} us | "
-              f"**{sp['share']['ours']:.2f}x** |{peer_cell} {sp['step']['ours']:.2f}x | {sp['bare']['ours']:.2f}x |")
+        peer_cell = (
+            f" {sp['share']['peer']:.2f}x / {sp['share']['peer_pdl']:.2f}x |"
+            if peer and "peer" in sp["share"]
+            else (" |" if peer else "")
+        )
+        print(
+            f"| {r['tp']} | {r['m']} | {share['cublas']:.0f} us | {share['ours']:.0f} us | "
+            f"**{sp['share']['ours']:.2f}x** |{peer_cell} {sp['step']['ours']:.2f}x | {sp['bare']['ours']:.2f}x |"
+        )
     print()
 
 

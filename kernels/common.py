@@ -121,7 +121,14 @@ def compile_kernel(launcher, arch: str, dump_dir: str, name: str) -> bytes:
     """cute.compile a launcher with the shared ABI's fake args; return the cubin bytes."""
     ptr = lambda: make_ptr(cutlass.BFloat16, 0, AddressSpace.gmem, assumed_align=16)  # noqa: E731
     compiled = cute.compile(
-        launcher, ptr(), ptr(), ptr(), ptr(), cutlass.Int32(0), cutlass.Int32(0), options=compile_options(arch, dump_dir)
+        launcher,
+        ptr(),
+        ptr(),
+        ptr(),
+        ptr(),
+        cutlass.Int32(0),
+        cutlass.Int32(0),
+        options=compile_options(arch, dump_dir),
     )
     cubin = compiled.artifacts.CUBIN
     if not isinstance(cubin, (bytes, bytearray)):

@@ -182,14 +182,18 @@ class KernelConfig:
         if self.kind == "mma":
             # accumulators (4 per tile) + per buffered step: 4 weight words per tile + 4 words per token load
             # (unsliced: tiles = cols / 8 and one token load, i.e. cols/2 + stages*unroll*(cols/2 + 4))
-            return (4 * self.mma_tiles + self.stages * self.unroll * (4 * self.mma_tiles + 4 * self.token_loads),
-                    "4*tiles + stages*unroll*(4*tiles + 4*token_loads)")
+            return (
+                4 * self.mma_tiles + self.stages * self.unroll * (4 * self.mma_tiles + 4 * self.token_loads),
+                "4*tiles + stages*unroll*(4*tiles + 4*token_loads)",
+            )
         regs = self.m * self.cols + self.unroll * (self.cols + self.m) * self.vec // 2
         if not self.persist:
             return regs, "m*cols + unroll*(cols+m)*vec/2"
         # the walk also holds the next group's first trip
-        return (regs + self.unroll * self.cols * self.vec // 2,
-                "m*cols + unroll*(cols+m)*vec/2 + unroll*cols*vec/2 (persist)")
+        return (
+            regs + self.unroll * self.cols * self.vec // 2,
+            "m*cols + unroll*(cols+m)*vec/2 + unroll*cols*vec/2 (persist)",
+        )
 
     @property
     def mma_tiles(self) -> int:
@@ -266,7 +270,6 @@ class KernelConfig:
         except TypeError as exc:
             raise ConfigError(str(exc)) from None
 
-
     def check(self, n: int | None = None, k: int | None = None) -> None:
         """The single validity check; raises ConfigError naming the broken rule.
 
@@ -289,8 +292,7 @@ class KernelConfig:
         if self.static_k:
             if self.static_k % self.k_step:
                 raise ConfigError(
-                    f"rule 'static k': static_k={self.static_k} must be a positive multiple of "
-                    f"the K step={self.k_step}"
+                    f"rule 'static k': static_k={self.static_k} must be a positive multiple of the K step={self.k_step}"
                 )
             if self.static_k // self.k_step > MAX_STATIC_TRIPS:
                 raise ConfigError(
@@ -305,11 +307,15 @@ def _is_int(value) -> bool:
 
 # (field, rule, test, what the value must be): the type and range of every field, checked first.
 _FIELD_RULES = (
-    *((f, "positive", lambda v: _is_int(v) and v >= 1, "a positive int")
-      for f in ("m", "threads", "k_threads", "cols", "vec", "unroll", "stages")),
+    *(
+        (f, "positive", lambda v: _is_int(v) and v >= 1, "a positive int")
+        for f in ("m", "threads", "k_threads", "cols", "vec", "unroll", "stages")
+    ),
     ("kind", "kind", lambda v: v in KINDS, f"one of {KINDS}"),
-    *((f, "flags", lambda v: isinstance(v, bool), "true or false")
-      for f in ("pdl", "prefetch", "early", "bias", "tail")),
+    *(
+        (f, "flags", lambda v: isinstance(v, bool), "true or false")
+        for f in ("pdl", "prefetch", "early", "bias", "tail")
+    ),
     ("fetch", "fetch", lambda v: _is_int(v) and v in FETCH_SIZES, f"one of {FETCH_SIZES} bytes"),
     ("split", "split", lambda v: _is_int(v) and v in SPLITS, f"one of {SPLITS} CTAs per cluster"),
     ("persist", "persist", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = one CTA per row group)"),
@@ -433,7 +439,8 @@ def _shape_rules(c: KernelConfig, n: int | None, k: int | None) -> None:
         raise ConfigError(f"rule 'n positive': N={n} must be at least 1")
     if n is not None and k is not None and max(n * k, c.m * k, c.m * n) >= 2**31:
         # The kernels index the weight (N*K), the tokens (M*K) and the output (M*N) with 32-bit element offsets.
-        raise ConfigError(f"rule 'int32 offsets': N*K={n * k}, M*K={c.m * k} and M*N={c.m * n} elements must "
-                          "stay below 2^31")
+        raise ConfigError(
+            f"rule 'int32 offsets': N*K={n * k}, M*K={c.m * k} and M*N={c.m * n} elements must stay below 2^31"
+        )
     if n is not None and not c.tail and n % c.cols_per_cta:
         raise ConfigError(f"rule 'n divisible': N={n} is not a multiple of columns per CTA={c.cols_per_cta}")

@@ -107,7 +107,9 @@ class SkinnyBulk(Launcher):
             for u in cutlass.range_constexpr(cfg.unroll):
                 for t in cutlass.range_constexpr(TILES):
                     addr = ring + (s * STAGE + t * MMA_ROWS * PITCH + lane_off + u * 64)
-                    v = cute.arch.inline_ptx(LDS_PTX, write_only_types=[cutlass.Int32] * 4, read_only_args=[addr.toint()])
+                    v = cute.arch.inline_ptx(
+                        LDS_PTX, write_only_types=[cutlass.Int32] * 4, read_only_args=[addr.toint()]
+                    )
                     mma_pair(acc, t, [xs[u][e] & keep for e in range(4)], v, zero)
             # Release the stage: every thread arrives (an arrive releases only its own
             # shared-memory reads), and only thread 0 waits for the slowest warp
@@ -135,7 +137,6 @@ class SkinnyBulk(Launcher):
                 BULK_COPY_PTX,
                 read_only_args=[dst.toint(), src.toint(), cutlass.Int32(KC * 2), bar.toint()],
             )
-
 
 
 def compile_variant(cfg: KernelConfig, arch: str, dump_dir: str) -> bytes:

@@ -86,7 +86,9 @@ class SkinnyGemm(Launcher):
         step = cfg.k_threads * VEC * cfg.unroll
         groups = n // cfg.cols_per_cta
         nct, _, _ = cute.arch.grid_dim()
-        wbuf = cute.make_rmem_tensor((cfg.unroll * COLS * VEC,), cutlass.BFloat16)  # (UNROLL x COLS x VEC) bf16: next trip 0
+        wbuf = cute.make_rmem_tensor(
+            (cfg.unroll * COLS * VEC,), cutlass.BFloat16
+        )  # (UNROLL x COLS x VEC) bf16: next trip 0
         self.stash(wbuf, self.load_weight(w, kk, bidx * cfg.cols_per_cta + grp * COLS, kt * VEC, n))
         wait_previous_grid(cfg)
         for g in cutlass.range(bidx, groups, nct, unroll=1):
@@ -120,8 +122,10 @@ class SkinnyGemm(Launcher):
         """The trip kept by ``stash``, as [UNROLL][COLS] of (VEC,) bf16 vectors."""
         cfg = self.cfg
         return [
-            [cute.make_tensor(wbuf.iterator + (u * cfg.cols + j) * cfg.vec, cute.make_layout(cfg.vec)).load()
-             for j in range(cfg.cols)]
+            [
+                cute.make_tensor(wbuf.iterator + (u * cfg.cols + j) * cfg.vec, cute.make_layout(cfg.vec)).load()
+                for j in range(cfg.cols)
+            ]
             for u in range(cfg.unroll)
         ]
 
@@ -175,7 +179,10 @@ class SkinnyGemm(Launcher):
         vlay = cute.make_layout(cfg.vec)
         return [
             [
-                cute.make_tensor(w + cute.assume(self.row(col0 + j, n) * kk + koff + u * cfg.k_threads * cfg.vec, divby=cfg.vec), vlay).load()
+                cute.make_tensor(
+                    w + cute.assume(self.row(col0 + j, n) * kk + koff + u * cfg.k_threads * cfg.vec, divby=cfg.vec),
+                    vlay,
+                ).load()
                 for j in range(cfg.cols)
             ]
             for u in range(cfg.unroll)
@@ -203,7 +210,8 @@ class SkinnyGemm(Launcher):
             if ku < kk:
                 wv = [
                     cute.make_tensor(w + cute.assume(self.row(col0 + j, n) * kk + ku, divby=cfg.vec), vlay)
-                    .load().to(cutlass.Float32)
+                    .load()
+                    .to(cutlass.Float32)
                     for j in range(cfg.cols)
                 ]
                 av = [
@@ -224,7 +232,9 @@ class SkinnyGemm(Launcher):
         vlay = cute.make_layout(cfg.vec)
         return [
             [
-                cute.make_tensor(a + cute.assume(m * kk + koff + u * cfg.k_threads * cfg.vec, divby=cfg.vec), vlay).load()
+                cute.make_tensor(
+                    a + cute.assume(m * kk + koff + u * cfg.k_threads * cfg.vec, divby=cfg.vec), vlay
+                ).load()
                 for m in range(cfg.m)
             ]
             for u in range(cfg.unroll)

@@ -67,6 +67,8 @@ MMA_PTX = (
     "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
     "{{$w0}, {$w1}, {$w2}, {$w3}}, {{$r0}, {$r1}, {$r2}, {$r3}}, {{$r4}, {$r5}}, {{$r6}, {$r7}, {$r8}, {$r9}};"
 )
+
+
 # The weight is read exactly once: the read-only path, no L1 allocation (the
 # token tile, which every warp rereads, keeps L1 to itself), and an L2 fetch of
 # cfg.fetch bytes per request, so the row's next steps may already be on their
@@ -236,7 +238,9 @@ class SkinnyMma(Launcher):
                     # one pointer per tile (rows clamped to N - 1)
                     ptr = w_lane[t] + cute.assume((stage * cfg.unroll + u) * 16 * S, divby=4)
                 else:
-                    ptr = w_lane + cute.assume(t * (MMA_ROWS // S) * r_half + (stage * cfg.unroll + u) * 16 * S, divby=4)
+                    ptr = w_lane + cute.assume(
+                        t * (MMA_ROWS // S) * r_half + (stage * cfg.unroll + u) * 16 * S, divby=4
+                    )
                 v = cute.arch.inline_ptx(
                     ldg_stream_ptx(cfg.fetch), write_only_types=[cutlass.Int32] * 4, read_only_args=[ptr.toint()]
                 )
@@ -289,7 +293,8 @@ class SkinnyMma(Launcher):
                 x2 = [xv2[e] & keep2 & inside for e in range(4)]
             for t in cutlass.range_constexpr(cfg.mma_tiles):
                 v = cute.arch.inline_ptx(
-                    ldg_stream_ptx(cfg.fetch), write_only_types=[cutlass.Int32] * 4,
+                    ldg_stream_ptx(cfg.fetch),
+                    write_only_types=[cutlass.Int32] * 4,
                     read_only_args=[(w_rows[t] + word).toint()],
                 )
                 mma_pair(acc, t, x, [v[e] & inside for e in range(4)], zero, x2)
@@ -307,6 +312,7 @@ class SkinnyMma(Launcher):
                 x2 = [xbuf[buf, u, 4 + e] & keep2 for e in range(4)]
             for t in cutlass.range_constexpr(cfg.mma_tiles):
                 mma_pair(acc, t, x, [wbuf[buf, u, t, e] for e in range(4)], zero, x2)
+
 
 # Shared with kernels/skinny_bulk.py, which feeds the same MMAs from shared memory.
 
@@ -329,9 +335,16 @@ def mma_pair(acc, t, x, w, zero, x2=None):
             MMA_PTX,
             write_only_types=[cutlass.Float32] * 4,
             read_only_args=[
-                x[2 * h], zero if x2 is None else x2[2 * h], x[2 * h + 1], zero if x2 is None else x2[2 * h + 1],
-                w[2 * h], w[2 * h + 1],
-                acc[t, 0], acc[t, 1], acc[t, 2], acc[t, 3],
+                x[2 * h],
+                zero if x2 is None else x2[2 * h],
+                x[2 * h + 1],
+                zero if x2 is None else x2[2 * h + 1],
+                w[2 * h],
+                w[2 * h + 1],
+                acc[t, 0],
+                acc[t, 1],
+                acc[t, 2],
+                acc[t, 3],
             ],
         )
         for e in cutlass.range_constexpr(4):
@@ -392,7 +405,9 @@ def reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank):
         if wk == 0 and rank != 0:
             for i in cutlass.range_constexpr(TILES * V):
                 local = (sX.iterator + sX.layout((rank - 1, grp, i, lane))).toint()
-                remote = cute.arch.inline_ptx(MAPA_PTX, write_only_types=[cutlass.Int32], read_only_args=[local, cutlass.Int32(0)])
+                remote = cute.arch.inline_ptx(
+                    MAPA_PTX, write_only_types=[cutlass.Int32], read_only_args=[local, cutlass.Int32(0)]
+                )
                 cute.arch.inline_ptx(ST_CLUSTER_PTX, read_only_args=[remote, acc[i // V, i % V]])
         cute.arch.inline_ptx(CLUSTER_SYNC_PTX)
         if wk == 0 and rank == 0:

@@ -50,9 +50,14 @@ SUMMARY_HINT = "run vLLM with the wheel installed and read its 'skinny-gemm vLLM
 
 # Architecture -> the model_type of its Hugging Face config class.
 DENSE = {
-    "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3", "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
-    "Gemma3ForCausalLM": "gemma3_text", "Phi3ForCausalLM": "phi3",
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "GemmaForCausalLM": "gemma",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
+    "Phi3ForCausalLM": "phi3",
 }
 MOE = {"Qwen3MoeForCausalLM": "qwen3_moe"}
 MLA = {"DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3"}
@@ -60,7 +65,8 @@ GPT_OSS = {"GptOssForCausalLM": "gpt_oss"}
 GLM4_MOE = {"Glm4MoeForCausalLM": "glm4_moe"}
 # Multimodal wrappers -> the model_type their text_config defaults to; vLLM builds that language model.
 WRAPPERS = {
-    "Gemma3ForConditionalGeneration": "gemma3_text", "Mistral3ForConditionalGeneration": "mistral",
+    "Gemma3ForConditionalGeneration": "gemma3_text",
+    "Mistral3ForConditionalGeneration": "mistral",
     "LlavaForConditionalGeneration": "llama",
 }
 TEXT_ARCH = {
@@ -71,38 +77,137 @@ TEXT_ARCH = {
 # in the class (DeepSeek-V2-Lite's q_lora_rank). head_dim is left out where the class derives it (hidden_size /
 # num_attention_heads).
 DEFAULTS = {
-    "llama": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                  num_attention_heads=32, attention_bias=False),
-    "mistral": dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                    num_attention_heads=32, num_key_value_heads=8),
-    "qwen2": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=32),
-    "qwen3": dict(vocab_size=151936, hidden_size=4096, intermediate_size=22016, num_hidden_layers=32,
-                  num_attention_heads=32, num_key_value_heads=32, head_dim=128, attention_bias=False),
-    "gemma": dict(vocab_size=256000, hidden_size=3072, intermediate_size=24576, num_hidden_layers=28,
-                  num_attention_heads=16, num_key_value_heads=16, head_dim=256),
-    "gemma2": dict(vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-                   num_attention_heads=8, num_key_value_heads=4, head_dim=256),
-    "gemma3_text": dict(vocab_size=262208, hidden_size=2304, intermediate_size=9216, num_hidden_layers=26,
-                        num_attention_heads=8, num_key_value_heads=4, head_dim=256),
-    "phi3": dict(vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
-                 num_attention_heads=32),
-    "qwen3_moe": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
-                      num_attention_heads=32, num_key_value_heads=4, moe_intermediate_size=768, num_experts=128,
-                      decoder_sparse_step=1),
-    "deepseek_v2": dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                        num_attention_heads=32, moe_intermediate_size=1407, n_routed_experts=64, n_shared_experts=2,
-                        first_k_dense_replace=0, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-                        qk_rope_head_dim=64, v_head_dim=128),
-    "deepseek_v3": dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432, num_hidden_layers=61,
-                        num_attention_heads=128, moe_intermediate_size=2048, n_routed_experts=256, n_shared_experts=1,
-                        first_k_dense_replace=3, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
-                        qk_rope_head_dim=64, v_head_dim=128),
-    "gpt_oss": dict(vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=36,
-                    num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=128),
-    "glm4_moe": dict(vocab_size=151552, hidden_size=4096, intermediate_size=10944, num_hidden_layers=46,
-                     num_attention_heads=96, num_key_value_heads=8, head_dim=128, attention_bias=False,
-                     moe_intermediate_size=1408, n_routed_experts=128, n_shared_experts=1, first_k_dense_replace=1),
+    "llama": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        attention_bias=False,
+    ),
+    "mistral": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+    ),
+    "qwen2": dict(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=22016,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+    ),
+    "qwen3": dict(
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=22016,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        head_dim=128,
+        attention_bias=False,
+    ),
+    "gemma": dict(
+        vocab_size=256000,
+        hidden_size=3072,
+        intermediate_size=24576,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        head_dim=256,
+    ),
+    "gemma2": dict(
+        vocab_size=256000,
+        hidden_size=2304,
+        intermediate_size=9216,
+        num_hidden_layers=26,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=256,
+    ),
+    "gemma3_text": dict(
+        vocab_size=262208,
+        hidden_size=2304,
+        intermediate_size=9216,
+        num_hidden_layers=26,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=256,
+    ),
+    "phi3": dict(
+        vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32
+    ),
+    "qwen3_moe": dict(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=24,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        moe_intermediate_size=768,
+        num_experts=128,
+        decoder_sparse_step=1,
+    ),
+    "deepseek_v2": dict(
+        vocab_size=102400,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        moe_intermediate_size=1407,
+        n_routed_experts=64,
+        n_shared_experts=2,
+        first_k_dense_replace=0,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+    ),
+    "deepseek_v3": dict(
+        vocab_size=129280,
+        hidden_size=7168,
+        intermediate_size=18432,
+        num_hidden_layers=61,
+        num_attention_heads=128,
+        moe_intermediate_size=2048,
+        n_routed_experts=256,
+        n_shared_experts=1,
+        first_k_dense_replace=3,
+        q_lora_rank=1536,
+        kv_lora_rank=512,
+        qk_nope_head_dim=128,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+    ),
+    "gpt_oss": dict(
+        vocab_size=201088,
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=36,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        num_local_experts=128,
+    ),
+    "glm4_moe": dict(
+        vocab_size=151552,
+        hidden_size=4096,
+        intermediate_size=10944,
+        num_hidden_layers=46,
+        num_attention_heads=96,
+        num_key_value_heads=8,
+        head_dim=128,
+        attention_bias=False,
+        moe_intermediate_size=1408,
+        n_routed_experts=128,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+    ),
 }
 
 
@@ -144,8 +249,9 @@ class _Fields:
         if value is None:
             raise CoverageError(f"{self.source}: field {key!r} is missing (needed to derive the linears)")
         if type(value) is not int or not 1 <= value <= I32_MAX:
-            raise CoverageError(f"{self.source}: field {key!r} must be a positive integer up to {I32_MAX}, "
-                                f"not {show(value)}")
+            raise CoverageError(
+                f"{self.source}: field {key!r} must be a positive integer up to {I32_MAX}, not {show(value)}"
+            )
         return value
 
     def count(self, key: str) -> int:
@@ -188,8 +294,9 @@ def _head(c: _Fields, tp: int, dtype: str = "bf16", plugin: str = CANDIDATE) -> 
     vocab = -(-c.int("vocab_size") // VOCAB_PADDING) * VOCAB_PADDING
     # Tied or not, vLLM 0.32 builds a ParallelLMHead for these families (tie_weights shares the weight), except
     # Gemma-2, whose logits use embed_tokens (``plugin``: EMBEDDING_LOGITS).
-    return Linear("lm_head", "lm_head", _split(vocab, tp, "padded vocab", c.source), c.int("hidden_size"), 1, dtype,
-                  plugin=plugin)
+    return Linear(
+        "lm_head", "lm_head", _split(vocab, tp, "padded vocab", c.source), c.int("hidden_size"), 1, dtype, plugin=plugin
+    )
 
 
 def _attention(c: _Fields, tp: int, dtype: str, bias: bool, o_bias: bool = False) -> list[Linear]:
@@ -254,8 +361,9 @@ def _gpt_oss(c: _Fields, tp: int, arch: str) -> list[Linear]:
     dtype = _checkpoint_dtype(c, arch)
     layers = c.int("num_hidden_layers")
     # Biased qkv_proj and o_proj (vLLM's OAIAttention); every layer is MoE, its router a biased GateLinear.
-    router = Linear("router", "router", c.int("num_local_experts"), c.int("hidden_size"), layers, "bf16", True,
-                    plugin=ROUTER)
+    router = Linear(
+        "router", "router", c.int("num_local_experts"), c.int("hidden_size"), layers, "bf16", True, plugin=ROUTER
+    )
     return [*_attention(c, tp, dtype, True, True), router, _head(c, tp)]
 
 
@@ -271,8 +379,11 @@ def _glm4_moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
         out += _mlp(c, tp, c.int("moe_intermediate_size") * shared, moe_layers, dtype, prefix="shared_expert_")
     if moe_layers:
         # vLLM's Glm4MoE gate keeps fp32 weights.
-        out.append(Linear("router", "router", c.int("n_routed_experts"), c.int("hidden_size"), moe_layers, "fp32",
-                          plugin=ROUTER))
+        out.append(
+            Linear(
+                "router", "router", c.int("n_routed_experts"), c.int("hidden_size"), moe_layers, "fp32", plugin=ROUTER
+            )
+        )
     out.append(_head(c, tp))
     return out
 
@@ -337,8 +448,10 @@ def derive(config: dict, tp: int, source: str, target: str | None = None) -> tup
             raise CoverageError(f"{source}: field 'text_config' is not an object")
         model_type = text.get("model_type", WRAPPERS[arch])
         if model_type not in TEXT_ARCH:
-            raise CoverageError(f"{source}: field 'text_config.model_type' is {model_type!r}, whose language model "
-                                f"coverage cannot derive; {SUMMARY_HINT}")
+            raise CoverageError(
+                f"{source}: field 'text_config.model_type' is {model_type!r}, whose language model "
+                f"coverage cannot derive; {SUMMARY_HINT}"
+            )
         arch = TEXT_ARCH[model_type]
         # The wrapper's own quantization_config applies to its language model too.
         fields = {**DEFAULTS[model_type], **text}
@@ -389,10 +502,22 @@ def catalogue_linears(slug: str, tp: int) -> tuple[str, list[Linear]]:
         calls = spec.get("calls_per_step", 0)
         if type(calls) is not int or not 0 <= calls <= I32_MAX:
             f.fail(f"{place}.calls_per_step", calls, "an int >= 0")
-        out.append(Linear(name, kind, n, k, calls, f.text(spec.get("dtype", "bf16"), f"{place}.dtype"),
-                          f.boolean(spec.get("bias", False), f"{place}.bias"), plugin))
+        out.append(
+            Linear(
+                name,
+                kind,
+                n,
+                k,
+                calls,
+                f.text(spec.get("dtype", "bf16"), f"{place}.dtype"),
+                f.boolean(spec.get("bias", False), f"{place}.bias"),
+                plugin,
+            )
+        )
     if not out:
-        raise CoverageError(f"{path}: no linears at --tp {tp} (the catalogue lists TP {', '.join(sorted(tps, key=int))})")
+        raise CoverageError(
+            f"{path}: no linears at --tp {tp} (the catalogue lists TP {', '.join(sorted(tps, key=int))})"
+        )
     return f.text(data.get("name", slug), "field 'name'"), out
 
 
@@ -486,8 +611,15 @@ def report(model: str, tp: int, arch: str, plan_file: Path | None = None) -> dic
         routed = [m for m in MS if m in shape_plans and _routable(lin) and (shape_plans[m] or not lin.bias)]
         for m in routed:
             covered[m] += lin.bytes_per_step
-        rows.append({**asdict(lin), "bytes_per_step": lin.bytes_per_step, "planned_ms": ms, "routed_ms": routed,
-                     "status": _status(lin, ms, routed)})
+        rows.append(
+            {
+                **asdict(lin),
+                "bytes_per_step": lin.bytes_per_step,
+                "planned_ms": ms,
+                "routed_ms": routed,
+                "status": _status(lin, ms, routed),
+            }
+        )
     return {
         "model": name,
         "source": source,
@@ -523,7 +655,9 @@ def markdown(data: dict) -> str:
     """The report as a markdown table, one row per linear and a last row with the covered share per M."""
     head = (
         f"# {data['model']} at TP {data['tp']} on {data['arch']} ({data['plans']}): per-rank linears vLLM builds\n\n"
-        f"| layer | N | K | calls/step | dtype | MB/step | plugin | " + " | ".join(f"M={m}" for m in data["ms"]) + " |\n"
+        f"| layer | N | K | calls/step | dtype | MB/step | plugin | "
+        + " | ".join(f"M={m}" for m in data["ms"])
+        + " |\n"
         "|---|---:|---:|---:|---|---:|---|" + "---|" * len(data["ms"]) + "\n"
     )
     lines = []
@@ -539,11 +673,16 @@ def markdown(data: dict) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="a Hugging Face config.json (or its folder), or a catalogue model: "
-                   + ", ".join(catalogue_slugs()))
+    p.add_argument(
+        "model",
+        help="a Hugging Face config.json (or its folder), or a catalogue model: " + ", ".join(catalogue_slugs()),
+    )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
-    p.add_argument("--arch", choices=sorted(CAPABILITY_FOR_ARCH),
-                   help="target (default: the arch this wheel was built for; in a source tree without a build, sm_90a)")
+    p.add_argument(
+        "--arch",
+        choices=sorted(CAPABILITY_FOR_ARCH),
+        help="target (default: the arch this wheel was built for; in a source tree without a build, sm_90a)",
+    )
     p.add_argument("--plan", type=Path, help="a plan table file to read instead of the wheel's plans")
     p.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
 
@@ -559,5 +698,7 @@ def main(args) -> int:
     except CoverageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(data, indent=1, sort_keys=True) if args.json else markdown(data), end="" if not args.json else "\n")
+    print(
+        json.dumps(data, indent=1, sort_keys=True) if args.json else markdown(data), end="" if not args.json else "\n"
+    )
     return 0

@@ -153,8 +153,15 @@ def _load_all(pending: list) -> None:
         if lib.error is not None and not os.path.lexists(directory):
             # Warned, not logged: a wheel built for another arch otherwise falls back everywhere unnoticed.
             names = ", ".join(name for _, name, cap in found if ARCH_FOR_CAPABILITY.get(cap) == arch)
-            pending.append(([f"this installation has no {arch} cubins ({directory} is missing) for {names}; "
-                             f"install the wheel built for {arch} (or both archs)"], f"GPUs of arch {arch}"))
+            pending.append(
+                (
+                    [
+                        f"this installation has no {arch} cubins ({directory} is missing) for {names}; "
+                        f"install the wheel built for {arch} (or both archs)"
+                    ],
+                    f"GPUs of arch {arch}",
+                )
+            )
         else:
             pending.append((lib.problems(), f"artifacts for {arch}"))
     for ordinal, name, cap in found:

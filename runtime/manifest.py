@@ -151,8 +151,6 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-
-
 def load_json(path: Path, cap: int = MANIFEST_CAP):
     """Read a JSON file through the one bounded reader (runtime/jsonfile.py); raises ManifestError naming the file."""
     try:
@@ -210,8 +208,10 @@ def _block_ok(value) -> bool:
 
 
 def _params_ok(value) -> bool:
-    return type(value) is list and [tuple(p) if type(p) is list else p for p in value] == list(PARAMS) and all(
-        type(p[1]) is int and type(p[2]) is int for p in value
+    return (
+        type(value) is list
+        and [tuple(p) if type(p) is list else p for p in value] == list(PARAMS)
+        and all(type(p[1]) is int and type(p[2]) is int for p in value)
     )
 
 
@@ -255,19 +255,32 @@ def _manifest(path: Path, raw, expected_version, expected_arch) -> Manifest:
     tool = _field(raw, "toolchain", lambda v: type(v) is dict, "an object")
     _field(tool, "cutlass_dsl", _is_text, "a string", where="toolchain ")
     _field(tool, "compile_options", _is_text, "a string", where="toolchain ")
-    _field(tool, "ptxas", lambda v: type(v) is list and len(v) <= 16 and all(_is_text(t) for t in v),
-           "a list of strings", where="toolchain ")
+    _field(
+        tool,
+        "ptxas",
+        lambda v: type(v) is list and len(v) <= 16 and all(_is_text(t) for t in v),
+        "a list of strings",
+        where="toolchain ",
+    )
     variants = _field(raw, "variants", lambda v: type(v) is list, "a list")
     files: dict[str, str] = {}
     records: dict[str, dict] = {}
     for i, rec in enumerate(variants):
         if type(rec) is not dict:
             raise ManifestError(f"variants[{i}] is {_show(rec)}, must be an object")
-        vid = _field(rec, "id", lambda v: _is_text(v) and v and printable(v), "a non-empty printable string",
-                     where=f"variants[{i}] ")
+        vid = _field(
+            rec,
+            "id",
+            lambda v: _is_text(v) and v and printable(v),
+            "a non-empty printable string",
+            where=f"variants[{i}] ",
+        )
         name = _field(
-            rec, "file", file_name_ok, "a plain printable file name inside the artifact folder",
-            where=f"variant {vid!r} "
+            rec,
+            "file",
+            file_name_ok,
+            "a plain printable file name inside the artifact folder",
+            where=f"variant {vid!r} ",
         )
         if vid in records:
             raise ManifestError(f"variant id {vid!r} appears twice")
@@ -279,8 +292,10 @@ def _manifest(path: Path, raw, expected_version, expected_arch) -> Manifest:
     for i, p in enumerate(_field(raw, "plans", lambda v: type(v) is list, "a list")):
         if type(p) is not dict:
             raise ManifestError(f"plans[{i}] is {_show(p)}, must be an object")
-        key = tuple(_field(p, f, lambda v: _is_int(v, 1, I32_MAX), f"an int in 1..{I32_MAX}", where=f"plans[{i}] ")
-                    for f in ("n", "k", "m"))
+        key = tuple(
+            _field(p, f, lambda v: _is_int(v, 1, I32_MAX), f"an int in 1..{I32_MAX}", where=f"plans[{i}] ")
+            for f in ("n", "k", "m")
+        )
         vid = _field(
             p, "variant", lambda v: type(v) is str and v in records, "the id of a variant", where=f"plans[{i}] "
         )
@@ -292,8 +307,9 @@ def _manifest(path: Path, raw, expected_version, expected_arch) -> Manifest:
         # Every shape would fall back without a word. (Variants without plans are a `tune prepare` candidate
         # folder, loaded by name through load_dir.)
         raise ManifestError("no variants and no plans: every shape would fall back")
-    return Manifest(path=path, raw=raw, arch=arch, package_version=version, files=files, plans=plans,
-                    records=records, keys=keys)
+    return Manifest(
+        path=path, raw=raw, arch=arch, package_version=version, files=files, plans=plans, records=records, keys=keys
+    )
 
 
 def config_of(raw: dict, n: int | None = None, k: int | None = None) -> KernelConfig:
@@ -333,17 +349,29 @@ def _variant(man: Manifest, vid: str) -> Variant:
         grid, "cluster", lambda v: _is_int(v, 1, MAX_CLUSTER), f"an int in 1..{MAX_CLUSTER}", VariantError, "grid "
     )
     _field(grid, "persist", lambda v: v == cfg.persist, f"{cfg.persist} (its config's persist)", VariantError, "grid ")
-    smem = _field(rec, "dynamic_smem", lambda v: _is_int(v, 0, MAX_DYNAMIC_SMEM), f"an int in 0..{MAX_DYNAMIC_SMEM}",
-                  VariantError)
+    smem = _field(
+        rec, "dynamic_smem", lambda v: _is_int(v, 0, MAX_DYNAMIC_SMEM), f"an int in 0..{MAX_DYNAMIC_SMEM}", VariantError
+    )
     pdl = _field(rec, "pdl", lambda v: type(v) is bool, "true or false", VariantError)
     if "registers" in rec and not _is_int(rec["registers"], 0, 255):
         raise VariantError(f"field 'registers' is {_show(rec['registers'])}, must be an int in 0..255")
     params = rec.get("params")
     if not _params_ok(params):
         raise VariantError(f"parameter layout {_show(params)} differs from the runtime ABI {list(PARAMS)}")
-    variant = Variant(id=vid, config=cfg, symbol=symbol, file=man.files[vid], sha256=sha, size=size,
-                      block=tuple(block), cols_per_cta=cols, cluster=cluster, dynamic_smem=smem, pdl=pdl,
-                      params=PARAMS)
+    variant = Variant(
+        id=vid,
+        config=cfg,
+        symbol=symbol,
+        file=man.files[vid],
+        sha256=sha,
+        size=size,
+        block=tuple(block),
+        cols_per_cta=cols,
+        cluster=cluster,
+        dynamic_smem=smem,
+        pdl=pdl,
+        params=PARAMS,
+    )
     launch = launch_problem(variant)
     if launch:
         raise VariantError(launch)

@@ -148,8 +148,12 @@ def _patch_module(module, patches) -> None:
         name = f"{module.__name__}.{cls_name}.{method}"
         if name not in MISSING:
             MISSING.add(name)
-            logger.warning("%s this vLLM has no %s: the plugin stays off (nothing routed); tested with vLLM 0.26 "
-                           "(GPU) and 0.32 (CPU)", LOG_PREFIX, name)
+            logger.warning(
+                "%s this vLLM has no %s: the plugin stays off (nothing routed); tested with vLLM 0.26 "
+                "(GPU) and 0.32 (CPU)",
+                LOG_PREFIX,
+                name,
+            )
 
 
 def _patch(cls, name, make_wrapper) -> None:

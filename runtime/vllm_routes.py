@@ -156,7 +156,10 @@ def _is_candidate(quant_method, layer) -> bool:
 def _own_forward(layer) -> bool:
     """True when a subclass of vLLM's linear classes defines forward (it may run its own GEMM, not apply)."""
     for cls in type(layer).__mro__:
-        if cls.__module__ in ("vllm.model_executor.layers.linear", "vllm.model_executor.layers.vocab_parallel_embedding"):
+        if cls.__module__ in (
+            "vllm.model_executor.layers.linear",
+            "vllm.model_executor.layers.vocab_parallel_embedding",
+        ):
             return False
         if "forward" in vars(cls):
             return True

@@ -84,8 +84,18 @@ def test_bulk_split_and_sliced_kernels_build_with_the_shared_abi(built, tmp_path
     """The bulk-copy, cluster-split and sliced kernels (in no sm_121 plan) compile for both archs to the shared symbol and ABI."""
     from skinny_gemm.kernels.config import KernelConfig
 
-    cfg = KernelConfig(m=4, kind=kind, threads=threads, k_threads=256, cols=cols, unroll=2 if kind == "bulk" else 1,
-                       stages=4, prefetch=False, split=split, slices=slices)
+    cfg = KernelConfig(
+        m=4,
+        kind=kind,
+        threads=threads,
+        k_threads=256,
+        cols=cols,
+        unroll=2 if kind == "bulk" else 1,
+        stages=4,
+        prefetch=False,
+        split=split,
+        slices=slices,
+    )
     cfg.check(n=6416, k=4096)
     plan = built["root"] / "sm_90a" / "manifest.json"
     for arch in ARCHS:

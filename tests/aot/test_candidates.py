@@ -22,8 +22,9 @@ def test_the_spaces_give_exactly_what_the_latest_h200_runs_timed(run):
         assert {c.name: c for c in found} == timed
 
 
-@pytest.mark.parametrize("n, k, m", [(160, 4096, 1), (2048, 128, 4), (3336, 4096, 3), (4096, 14336, 2),
-                                     (8192, 3584, 8), (128256, 4096, 1)])
+@pytest.mark.parametrize(
+    "n, k, m", [(160, 4096, 1), (2048, 128, 4), (3336, 4096, 3), (4096, 14336, 2), (8192, 3584, 8), (128256, 4096, 1)]
+)
 def test_every_candidate_is_valid_for_its_cell(n, k, m):
     found = candidates.candidates(n, k, m)
     assert found and len(set(found)) == len(found)
@@ -45,13 +46,16 @@ def test_when_ranges_pick_values_per_cell():
 
 
 def test_the_one_filter_applies_the_named_rules():
-    cfg = KernelConfig(m=1, kind="simt", threads=256, k_threads=256, cols=1, unroll=2, prefetch=False, early=True,
-                       persist=528)
+    cfg = KernelConfig(
+        m=1, kind="simt", threads=256, k_threads=256, cols=1, unroll=2, prefetch=False, early=True, persist=528
+    )
     assert candidates.admissible(cfg, 6416, 4096, [["persist_caps_grid", True]])
     assert not candidates.admissible(cfg, 256, 4096, [["persist_caps_grid", True]]), "a cap that does not cap"
     assert not candidates.admissible(cfg, 6416, 4095), "the config check comes first"
     wide = KernelConfig(m=1, kind="mma", threads=1024, k_threads=256, cols=8, unroll=1, prefetch=False, stages=2)
-    assert candidates.admissible(wide, 4096, 4096) and not candidates.admissible(wide, 4096, 4096, [["max_threads", 512]])
+    assert candidates.admissible(wide, 4096, 4096) and not candidates.admissible(
+        wide, 4096, 4096, [["max_threads", 512]]
+    )
 
 
 def test_a_malformed_space_file_is_refused_naming_space_and_field(tmp_path):
@@ -105,8 +109,24 @@ def test_tune_prepare_model_writes_the_cut_cells_and_builds_them(tmp_path, capsy
     from skinny_gemm.runtime.manifest import parse
 
     out = tmp_path / "cand"
-    argv = ["tune", "prepare", "--model", "llama-3.1-8b", "--tp", "8", "--m", "1", "--top", "2", "--per-family", "0",
-            "--out", str(out), "--jobs", "2"]
+    argv = [
+        "tune",
+        "prepare",
+        "--model",
+        "llama-3.1-8b",
+        "--tp",
+        "8",
+        "--m",
+        "1",
+        "--top",
+        "2",
+        "--per-family",
+        "0",
+        "--out",
+        str(out),
+        "--jobs",
+        "2",
+    ]
     assert cli.main(argv) == 0
     # The model's served step at TP 8 gives the decode phase: the 2 cut candidates and their no-PDL twins.
     assert capsys.readouterr().out.startswith("5 cells, 25 timings with cuBLAS")

@@ -64,8 +64,9 @@ def test_catalogue_entries_build_and_verify_for_sm90a(catalogue, tree_copy, tmp_
     plan = tree_copy / "catalogue-sm_90a.json"
     plan.write_text(plans.catalogue_table("sm_90a", entries, "all models"))
     start = time.monotonic()
-    result = build.build("sm_90a", tmp_path / "out", plan_file=plan, cache_dir=tmp_path / "cache", jobs=2,
-                         progress=False)
+    result = build.build(
+        "sm_90a", tmp_path / "out", plan_file=plan, cache_dir=tmp_path / "cache", jobs=2, progress=False
+    )
     print(f"catalogue build: {result.entries} entries, {result.variants} variants in {time.monotonic() - start:.1f} s")
     assert result.entries == len(entries) and result.variants == len({e.config for e in entries})
     archs, problems = verify.verify(tmp_path / "out", tree=tree_copy)

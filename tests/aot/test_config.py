@@ -46,7 +46,10 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, fetch=128), "fetch"),
         (dict(m=1, kind="bulk", threads=256, k_threads=128, cols=8, prefetch=False), "bulk tile"),
         (dict(m=1, kind="bulk", threads=256, k_threads=256, cols=8, prefetch=True), "bulk tile"),
-        (dict(m=1, kind="bulk", threads=256, k_threads=256, cols=16, unroll=4, stages=4, prefetch=False), "shared memory"),
+        (
+            dict(m=1, kind="bulk", threads=256, k_threads=256, cols=16, unroll=4, stages=4, prefetch=False),
+            "shared memory",
+        ),
         (dict(m=1, kind="bulk", threads=256, k_threads=256, cols=8, unroll=1, prefetch=False, fetch=128), "fetch"),
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, split=3), "split"),
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=True, split=2), "split"),
@@ -73,17 +76,23 @@ def test_sm121_plan_is_the_pull_request_set():
         # 32 warps x 8 tokens x 32 columns x 2 slices x 4 B = 64 KB of slice partials
         (dict(m=8, kind="mma", threads=1024, k_threads=1024, cols=32, prefetch=False, slices=2), "shared memory"),
         # 16 rows are 8 tiles of 2: 4 x 8 + 8 stages x (4 x 8 weight + 4 x 2 token words) = 352 registers
-        (dict(m=4, kind="mma", threads=128, k_threads=128, cols=16, unroll=1, stages=8, prefetch=False, slices=4),
-         "register budget"),
+        (
+            dict(m=4, kind="mma", threads=128, k_threads=128, cols=16, unroll=1, stages=8, prefetch=False, slices=4),
+            "register budget",
+        ),
         # 8 groups x 4 tiles x 2 values x 32 lanes x 4 B = 8 KB per slot, 7 slots sent to CTA 0
         (dict(m=1, kind="mma", threads=256, k_threads=32, cols=32, unroll=1, prefetch=False, split=8), "shared memory"),
         # the walk's stash of the next trip pushes cols=16, unroll=2 over the register budget
-        (dict(m=1, threads=256, k_threads=256, cols=16, unroll=2, prefetch=False, early=True, persist=528),
-         "register budget"),
+        (
+            dict(m=1, threads=256, k_threads=256, cols=16, unroll=2, prefetch=False, early=True, persist=528),
+            "register budget",
+        ),
         # 4 + 16 stages x 8 = 132 registers fit one thread's budget, not a 512-thread CTA's share
         # of the SM (ptxas capped it at 128 and spilled to a 112-byte stack); 256 threads fit
-        (dict(m=4, kind="mma", threads=512, k_threads=128, cols=8, unroll=1, stages=16, prefetch=False),
-         "register budget"),
+        (
+            dict(m=4, kind="mma", threads=512, k_threads=128, cols=8, unroll=1, stages=16, prefetch=False),
+            "register budget",
+        ),
     ],
 )
 def test_invalid_config_names_the_rule(kwargs, rule):
@@ -105,7 +114,9 @@ def test_shape_rules_name_the_rule():
         cfg.check(n=0, k=4096)
     with pytest.raises(ConfigError, match="rule 'int32 offsets'"):
         cfg.check(n=1 << 20, k=4096)
-    split = KernelConfig(m=1, kind="mma", threads=256, k_threads=256, cols=8, unroll=1, stages=4, prefetch=False, split=4)
+    split = KernelConfig(
+        m=1, kind="mma", threads=256, k_threads=256, cols=8, unroll=1, stages=4, prefetch=False, split=4
+    )
     split.check(n=4096, k=4096)
     with pytest.raises(ConfigError, match="rule 'k divisible'"):
         split.check(n=4096, k=2048)  # 4 CTAs x 8 warps x 4 stages x 32 k = 4096
@@ -120,7 +131,9 @@ def test_shape_rules_name_the_rule():
 def test_launch_shape_is_the_config_s():
     """KernelConfig.launch is the one launch shape: the grid of grid(n), one block of threads, split-CTA clusters,
     no dynamic shared memory, the config's PDL; the JIT launcher's (persist=False) grid is uncapped."""
-    split = KernelConfig(m=1, kind="mma", threads=256, k_threads=256, cols=8, unroll=1, stages=4, prefetch=False, split=4)
+    split = KernelConfig(
+        m=1, kind="mma", threads=256, k_threads=256, cols=8, unroll=1, stages=4, prefetch=False, split=4
+    )
     assert split.launch(4096) == LaunchShape(grid=split.grid(4096), block=(256, 1, 1), cluster=4, smem=0, pdl=True)
     assert split.launch().grid is None and split.launch() == dataclasses.replace(split.launch(4096), grid=None)
     walk = KernelConfig(m=1, threads=128, k_threads=128, cols=1, unroll=2, prefetch=False, early=True, persist=792)
@@ -166,8 +179,9 @@ def test_every_field_changes_name_and_symbol():
 
 def test_slices_shape_the_tile():
     """A sliced tile is 8 / slices rows: one row per CTA at 8 slices, a K step of 32 k per slice and warp."""
-    one_row = KernelConfig(m=2, kind="mma", threads=128, k_threads=128, cols=1, unroll=1, stages=4, prefetch=False,
-                           slices=8)
+    one_row = KernelConfig(
+        m=2, kind="mma", threads=128, k_threads=128, cols=1, unroll=1, stages=4, prefetch=False, slices=8
+    )
     one_row.check(n=6416, k=4096)
     assert (one_row.cols_per_cta, one_row.grid(6416), one_row.mma_tiles) == (1, 6416, 1)
     assert one_row.k_step == 4 * 32 * 4 * 8 and one_row.token_loads == 2  # A rows 8..15 hold token 1
@@ -209,8 +223,14 @@ def test_m_above_8_doubles_the_unsliced_reduction_buffers():
         ({"m": 9, "kind": "bulk", "threads": 256, "k_threads": 256, "cols": 8, "prefetch": False}, "m range"),
         ({"m": 1, "bias": 1}, "flags"),
         ({"m": 1, "tail": "yes"}, "flags"),
-        ({"m": 1, "kind": "bulk", "threads": 256, "k_threads": 256, "cols": 8, "prefetch": False, "bias": True}, "bias"),
-        ({"m": 1, "kind": "bulk", "threads": 256, "k_threads": 256, "cols": 8, "prefetch": False, "tail": True}, "tail"),
+        (
+            {"m": 1, "kind": "bulk", "threads": 256, "k_threads": 256, "cols": 8, "prefetch": False, "bias": True},
+            "bias",
+        ),
+        (
+            {"m": 1, "kind": "bulk", "threads": 256, "k_threads": 256, "cols": 8, "prefetch": False, "tail": True},
+            "tail",
+        ),
         ({"m": 1, "threads": 256, "cols": 8, "split": 2, "tail": True, **MMA}, "tail"),
         ({"m": 1, "prefetch": False, "early": True, "persist": 528, "tail": True}, "tail"),
         ({"m": 1, "static_k": 4096, "tail": True}, "tail"),
@@ -256,11 +276,11 @@ def test_tail_shape_rules_name_the_rule():
     assert (tail.grid(4096), tail.grid(4097)) == (1024, 1025)
 
 
-
 def test_int32_offsets_cover_tokens_and_output_at_m16():
     """At M=16 the tokens (M*K) and the output (M*N) pass 2^31 before the weight (N*K) does."""
-    cfg = KernelConfig(m=16, kind="simt", threads=32, k_threads=1, cols=1, vec=2, unroll=1, pdl=False,
-                       prefetch=False, tail=True)
+    cfg = KernelConfig(
+        m=16, kind="simt", threads=32, k_threads=1, cols=1, vec=2, unroll=1, pdl=False, prefetch=False, tail=True
+    )
     cfg.check(n=8, k=1 << 26)  # N*K, M*K, M*N all below 2^31
     with pytest.raises(ConfigError, match=r"rule 'int32 offsets'.*M\*K=2147483648"):
         cfg.check(n=1, k=1 << 27)  # N*K 2^27 fits, M*K = 2^31 does not
@@ -290,8 +310,14 @@ def test_heuristic_serves_the_issue_shapes_at_every_first_class_m(n, k, bias):
 
 @pytest.mark.parametrize(
     "n, k, m, rule",
-    [(4096, 4100, 1, "k tail"), (4096, 4096, 17, "m range"), (0, 4096, 1, "positive"), (4096, 4096, 0, "positive"),
-     (1 << 20, 4096, 1, "int32 offsets"), (4096, 4096.0, 1, "positive")],
+    [
+        (4096, 4100, 1, "k tail"),
+        (4096, 4096, 17, "m range"),
+        (0, 4096, 1, "positive"),
+        (4096, 4096, 0, "positive"),
+        (1 << 20, 4096, 1, "int32 offsets"),
+        (4096, 4096.0, 1, "positive"),
+    ],
 )
 def test_heuristic_refuses_with_plan_error_naming_the_rule(n, k, m, rule):
     with pytest.raises(plans.PlanError, match=f"rule '{rule}'"):

@@ -162,8 +162,6 @@ def test_coverage_refuses_a_manifest_the_loader_refuses(art, capsys):
 
 
 def test_manifest_nested_too_deeply_is_one_line(art):
-    (art / "sm_90a" / MANIFEST_NAME).write_text(
-        json.dumps({**manifest_of(art), "x": json.loads("[" * 40 + "]" * 40)})
-    )
+    (art / "sm_90a" / MANIFEST_NAME).write_text(json.dumps({**manifest_of(art), "x": json.loads("[" * 40 + "]" * 40)}))
     _, problems = verify.verify(art)
     one_clean_line(problems, "nested too deeply")

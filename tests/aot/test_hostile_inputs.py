@@ -56,12 +56,34 @@ def _out(tmp):
 VERBS = {
     "coverage config": lambda p, tmp: ["coverage", str(p), "--tp", "1"],
     "coverage --plan": lambda p, tmp: ["coverage", "qwen3-8b", "--tp", "4", "--plan", str(p)],
-    "build --plan": lambda p, tmp: ["build", "--arch", "sm_90a", "--plan", str(p), "--out", str(tmp / "out"),
-                                    "--cache-dir", str(tmp / "cache"), "--quiet", "--jobs", "1"],
+    "build --plan": lambda p, tmp: [
+        "build",
+        "--arch",
+        "sm_90a",
+        "--plan",
+        str(p),
+        "--out",
+        str(tmp / "out"),
+        "--cache-dir",
+        str(tmp / "cache"),
+        "--quiet",
+        "--jobs",
+        "1",
+    ],
     "list --plan": lambda p, tmp: ["list", "--arch", "sm_90a", "--plan", str(p)],
     "plan --shapes": lambda p, tmp: ["plan", "--arch", "sm_90a", "--shapes", str(p), "--out", _out(tmp)],
-    "tune prepare --shapes": lambda p, tmp: ["tune", "prepare", "--shapes", str(p), "--out", str(tmp / "cands"),
-                                             "--top", "1", "--jobs", "1"],
+    "tune prepare --shapes": lambda p, tmp: [
+        "tune",
+        "prepare",
+        "--shapes",
+        str(p),
+        "--out",
+        str(tmp / "cands"),
+        "--top",
+        "1",
+        "--jobs",
+        "1",
+    ],
     "tune write": lambda p, tmp: ["tune", "write", str(p), "--out", _out(tmp)],
     "tune write --runs": lambda p, tmp: ["tune", "write", "--runs", str(p), "--out", _out(tmp)],
 }
@@ -73,8 +95,10 @@ def _tiny_plan() -> dict:
 
 
 def _tiny_shapes() -> dict:
-    return {"linears": {"q": {"tp": {"4": [4096, 4096]}}},
-            "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [1]}}}
+    return {
+        "linears": {"q": {"tp": {"4": [4096, 4096]}}},
+        "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [1]}},
+    }
 
 
 # verb -> a valid file of its kind: each hostile kind below is made from it, so what is refused is the hostile
@@ -129,8 +153,9 @@ def test_hostile_file_is_one_line(verb, kind, tmp_path, capsys):
 
 
 # build and tune prepare would compile: their files are the ones list --plan and plan --shapes read.
-@pytest.mark.parametrize("verb", ["coverage config", "coverage --plan", "list --plan", "plan --shapes", "tune write",
-                                  "tune write --runs"])
+@pytest.mark.parametrize(
+    "verb", ["coverage config", "coverage --plan", "list --plan", "plan --shapes", "tune write", "tune write --runs"]
+)
 def test_the_valid_files_the_hostile_ones_are_made_from_pass(verb, tmp_path, capsys):
     """The control: without the hostile part each file is accepted, so a refusal above is the hostile part's."""
     path = tmp_path / "input.json"
@@ -218,12 +243,14 @@ def _plan_table(change):
 def _entry(**fields):
     def change(data):
         data["entries"][0].update(fields)
+
     return change
 
 
 def _config_field(**fields):
     def change(data):
         data["entries"][0]["config"].update(fields)
+
     return change
 
 
@@ -253,17 +280,38 @@ def test_plan_table_field(verb, case, tmp_path, capsys):
 SHAPES = {
     "no seed sets": ({"linears": {}}, "seed_plan_sets"),
     "tp a string": ({"seed_plan_sets": {"sm_90a": {"tp": "4", "linears": [], "planned_M": [1]}}}, "tp"),
-    "unknown linear": ({"linears": {}, "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [1]}}},
-                       "linears[0]"),
-    "shape of one": ({"linears": {"q": {"tp": {"4": [4096]}}},
-                      "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [1]}}}, "linears.q.tp.4"),
-    "shape a string": ({"linears": {"q": {"tp": {"4": ["4096", 4096]}}},
-                        "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [1]}}}, "linears.q.tp.4"),
-    "planned_M negative": ({"linears": {"q": {"tp": {"4": [4096, 4096]}}},
-                            "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [-1]}}}, "planned_M"),
-    "cuBLAS_cells a string": ({"linears": {"q": {"tp": {"4": [4096, 4096]}}},
-                               "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [1],
-                                                             "cuBLAS_cells": "none"}}}, "cuBLAS_cells"),
+    "unknown linear": (
+        {"linears": {}, "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [1]}}},
+        "linears[0]",
+    ),
+    "shape of one": (
+        {
+            "linears": {"q": {"tp": {"4": [4096]}}},
+            "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [1]}},
+        },
+        "linears.q.tp.4",
+    ),
+    "shape a string": (
+        {
+            "linears": {"q": {"tp": {"4": ["4096", 4096]}}},
+            "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [1]}},
+        },
+        "linears.q.tp.4",
+    ),
+    "planned_M negative": (
+        {
+            "linears": {"q": {"tp": {"4": [4096, 4096]}}},
+            "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [-1]}},
+        },
+        "planned_M",
+    ),
+    "cuBLAS_cells a string": (
+        {
+            "linears": {"q": {"tp": {"4": [4096, 4096]}}},
+            "seed_plan_sets": {"sm_90a": {"tp": 4, "linears": ["q"], "planned_M": [1], "cuBLAS_cells": "none"}},
+        },
+        "cuBLAS_cells",
+    ),
 }
 
 
@@ -280,8 +328,13 @@ def test_shapes_field(verb, case, tmp_path, capsys):
 
 def _results(**change):
     cfg = json.loads(PLAN_90A.read_text())["entries"][0]
-    row = {"n": cfg["n"], "k": cfg["k"], "m": cfg["m"], "cublas_us": 10.0,
-           "candidates": {"a": {"us": 5.0, "bad_elements": 0, "config": cfg["config"]}}}
+    row = {
+        "n": cfg["n"],
+        "k": cfg["k"],
+        "m": cfg["m"],
+        "cublas_us": 10.0,
+        "candidates": {"a": {"us": 5.0, "bad_elements": 0, "config": cfg["config"]}},
+    }
     row.update(change.pop("row", {}))
     data = {"arch": "sm_90a", "gpu": "NVIDIA H200", "date": "2026-12-02", "method": "m", "cells": [row]}
     data.update(change)
@@ -296,10 +349,14 @@ RESULTS = {
     "cublas_us zero": (_results(row={"cublas_us": 0}), "cublas_us"),
     "candidates a list": (_results(row={"candidates": []}), "candidates"),
     "us a string": (_results(row={"candidates": {"a": {"us": "5", "bad_elements": 0, "config": {}}}}), "'us'"),
-    "bad_elements negative": (_results(row={"candidates": {"a": {"us": 5.0, "bad_elements": -1, "config": {}}}}),
-                              "bad_elements"),
-    "config invalid": (_results(row={"candidates": {"a": {"us": 5.0, "bad_elements": 0, "config": {"m": 0}}}}),
-                       "candidate 'a'"),
+    "bad_elements negative": (
+        _results(row={"candidates": {"a": {"us": 5.0, "bad_elements": -1, "config": {}}}}),
+        "bad_elements",
+    ),
+    "config invalid": (
+        _results(row={"candidates": {"a": {"us": 5.0, "bad_elements": 0, "config": {"m": 0}}}}),
+        "candidate 'a'",
+    ),
     "gpu control chars": (_results(gpu="H200\n\x1b[2J"), "gpu"),
 }
 

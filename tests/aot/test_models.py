@@ -22,32 +22,53 @@ def _problems(tmp_path, slug, edit):
     return models.check_file(path)
 
 
-@pytest.mark.parametrize("slug, edit, expect", [
-    # KV heads: 8 per model over 8 ranks is one each, (4 + 2) x 128
-    ("llama-3.1-8b", lambda d: d["linears"]["qkv_proj"]["tp"].update({"8": [1024, 4096]}),
-     "linears.qkv_proj.tp.8: [1024, 4096] but arch gives [768, 4096]"),
-    # replicated KV heads: 4 KV heads on 8 ranks stay one per rank
-    ("qwen3-30b-a3b", lambda d: d["arch"].update({"kv_heads": 8}),
-     "linears.qkv_proj.tp.4: [1280, 2048] but arch gives [1536, 2048]"),
-    ("gemma-3-27b", lambda d: d["arch"].update({"vocab": 262144}),
-     "linears.lm_head.tp.8: [32776, 5376] but arch gives [32768, 5376]"),
-    ("qwen2.5-72b", lambda d: d["linears"]["down_proj"]["tp"].update({"8": [8192, 3584]}),
-     "linears.down_proj.tp.8: [8192, 3584] but arch gives [8192, 3696]"),
-    ("deepseek-v3", lambda d: d["arch"].update({"qk_rope": 128}), "linears.fused_qkv_a_proj.tp.8"),
-    ("kimi-k2-thinking", lambda d: d["arch"].update({"heads": 128}), "linears.q_b_proj.tp.8"),
-    ("glm-4.5", lambda d: d["arch"].update({"dense_intermediate": 10944}), "linears.dense_gate_up_proj.tp.8"),
-    ("glm-5.3-flash", lambda d: d["linears"]["shared_down"]["tp"].update({"8": [4096, 512]}),
-     "linears.shared_down.tp.8: [4096, 512] but arch gives [4096, 256]"),
-    ("qwen3-8b", lambda d: d["linears"]["o_proj"].update({"calls_per_step": 35}),
-     "linears.o_proj.calls_per_step: 35 but arch gives 36"),
-    ("qwen3-235b-a22b", lambda d: d["experts"].update({"top_k": 4}), "experts.top_k: 4 but arch gives 8"),
-    ("qwen3-30b-a3b", lambda d: d["experts"]["bytes_per_step_M1"].update({"8": 1}), "experts.bytes_per_step_M1.8"),
-    ("llama-3.1-70b", lambda d: d.update({"weights_gb": 100.0}), "fits.2: ['H200'] but weights_gb 100.0 gives"),
-    ("qwen3-32b", lambda d: d["linears"]["qkv_proj"].pop("dtype"), "linears.qkv_proj.dtype: None must be a str"),
-    ("qwen3-32b", lambda d: d["linears"]["qkv_proj"]["tp"].update({"3": [1, 2]}), "linears.qkv_proj.tp: key '3'"),
-    ("qwen3-32b", lambda d: d["linears"]["qkv_proj"]["tp"].update({"8": [1280, 0]}), "must be [N, K]"),
-    ("qwen3-32b", lambda d: d.update({"corrections": ["oops"]}), "corrections: must be a list"),
-])
+@pytest.mark.parametrize(
+    "slug, edit, expect",
+    [
+        # KV heads: 8 per model over 8 ranks is one each, (4 + 2) x 128
+        (
+            "llama-3.1-8b",
+            lambda d: d["linears"]["qkv_proj"]["tp"].update({"8": [1024, 4096]}),
+            "linears.qkv_proj.tp.8: [1024, 4096] but arch gives [768, 4096]",
+        ),
+        # replicated KV heads: 4 KV heads on 8 ranks stay one per rank
+        (
+            "qwen3-30b-a3b",
+            lambda d: d["arch"].update({"kv_heads": 8}),
+            "linears.qkv_proj.tp.4: [1280, 2048] but arch gives [1536, 2048]",
+        ),
+        (
+            "gemma-3-27b",
+            lambda d: d["arch"].update({"vocab": 262144}),
+            "linears.lm_head.tp.8: [32776, 5376] but arch gives [32768, 5376]",
+        ),
+        (
+            "qwen2.5-72b",
+            lambda d: d["linears"]["down_proj"]["tp"].update({"8": [8192, 3584]}),
+            "linears.down_proj.tp.8: [8192, 3584] but arch gives [8192, 3696]",
+        ),
+        ("deepseek-v3", lambda d: d["arch"].update({"qk_rope": 128}), "linears.fused_qkv_a_proj.tp.8"),
+        ("kimi-k2-thinking", lambda d: d["arch"].update({"heads": 128}), "linears.q_b_proj.tp.8"),
+        ("glm-4.5", lambda d: d["arch"].update({"dense_intermediate": 10944}), "linears.dense_gate_up_proj.tp.8"),
+        (
+            "glm-5.3-flash",
+            lambda d: d["linears"]["shared_down"]["tp"].update({"8": [4096, 512]}),
+            "linears.shared_down.tp.8: [4096, 512] but arch gives [4096, 256]",
+        ),
+        (
+            "qwen3-8b",
+            lambda d: d["linears"]["o_proj"].update({"calls_per_step": 35}),
+            "linears.o_proj.calls_per_step: 35 but arch gives 36",
+        ),
+        ("qwen3-235b-a22b", lambda d: d["experts"].update({"top_k": 4}), "experts.top_k: 4 but arch gives 8"),
+        ("qwen3-30b-a3b", lambda d: d["experts"]["bytes_per_step_M1"].update({"8": 1}), "experts.bytes_per_step_M1.8"),
+        ("llama-3.1-70b", lambda d: d.update({"weights_gb": 100.0}), "fits.2: ['H200'] but weights_gb 100.0 gives"),
+        ("qwen3-32b", lambda d: d["linears"]["qkv_proj"].pop("dtype"), "linears.qkv_proj.dtype: None must be a str"),
+        ("qwen3-32b", lambda d: d["linears"]["qkv_proj"]["tp"].update({"3": [1, 2]}), "linears.qkv_proj.tp: key '3'"),
+        ("qwen3-32b", lambda d: d["linears"]["qkv_proj"]["tp"].update({"8": [1280, 0]}), "must be [N, K]"),
+        ("qwen3-32b", lambda d: d.update({"corrections": ["oops"]}), "corrections: must be a list"),
+    ],
+)
 def test_each_check_names_the_file_and_field(tmp_path, slug, edit, expect):
     problems = _problems(tmp_path, slug, edit)
     assert any(line.startswith(f"{slug}.json: ") and expect in line for line in problems), problems
@@ -65,8 +86,13 @@ def test_unreadable_and_unknown_models_are_one_line(tmp_path):
 def test_cells_per_tp_follow_the_sharding():
     llama = models.load("llama-3.1-8b")
     assert models.tps(llama) == [1, 2, 4, 8]
-    assert models.shapes(llama, 1) == {(6144, 4096): False, (4096, 4096): False, (28672, 4096): False,
-                                       (4096, 14336): False, (128256, 4096): False}
+    assert models.shapes(llama, 1) == {
+        (6144, 4096): False,
+        (4096, 4096): False,
+        (28672, 4096): False,
+        (4096, 14336): False,
+        (128256, 4096): False,
+    }
     gpt = models.load("gpt-oss-120b")
     # qkv and o_proj carry a bias; the router is no candidate; the experts are not linears
     assert models.shapes(gpt, 8) == {(640, 2880): True, (2880, 512): True, (25136, 2880): False}
@@ -103,8 +129,11 @@ def test_plan_model_cli_reports_and_fails_in_one_line(tmp_path, capsys):
     header, entries = plans.load(out)
     assert header["arch"] == "sm_90a" and all(e.provenance["kind"] == "heuristic" for e in entries)
     assert all(any(u.startswith("qwen2.5-72b@tp8:") for u in e.provenance["uses"]) for e in entries)
-    for argv, msg in ((["--model", "nope"], "no such model file"), (["--model", "llama-3.1-70b", "--tp", "1"],
-                      "no shapes at TP 1"), ([], "plan needs --shapes FILE, --model SLUG or --all")):
+    for argv, msg in (
+        (["--model", "nope"], "no such model file"),
+        (["--model", "llama-3.1-70b", "--tp", "1"], "no shapes at TP 1"),
+        ([], "plan needs --shapes FILE, --model SLUG or --all"),
+    ):
         assert cli.main(["plan", *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and msg in err, err
@@ -143,8 +172,14 @@ def test_malformed_model_files_give_lines_never_a_traceback(tmp_path):
     flagged = 0
     for _ in range(600):
         data = copy.deepcopy(rng.choice(base))
-        where = rng.choice([data, data.get("arch") or {}, data.get("experts") or {},
-                            data["linears"][rng.choice(sorted(data["linears"]))]])
+        where = rng.choice(
+            [
+                data,
+                data.get("arch") or {},
+                data.get("experts") or {},
+                data["linears"][rng.choice(sorted(data["linears"]))],
+            ]
+        )
         if where:
             key = rng.choice(sorted(where))
             if rng.random() < 0.3:

@@ -16,8 +16,11 @@ def test_the_installed_peer_file_is_the_pinned_one():
     assert path.name == "_skinny_gemm.py" and version == peer.PEER_VERSION
 
 
-@pytest.mark.parametrize("cfg", [PeerConfig(1, 256, 2, 1, 8, sk=4096), PeerConfig(2, 128, 2, 2, 8, pdl=True)],
-                         ids=["static-k", "runtime-k-pdl"])
+@pytest.mark.parametrize(
+    "cfg",
+    [PeerConfig(1, 256, 2, 1, 8, sk=4096), PeerConfig(2, 128, 2, 2, 8, pdl=True)],
+    ids=["static-k", "runtime-k-pdl"],
+)
 def test_peer_compiles_for_sm90a_with_the_params_the_launcher_packs(cfg, tmp_path):
     blob = peer.compile_variant(cfg, str(tmp_path))
     info = elf.inspect(blob)
@@ -31,7 +34,9 @@ def test_peer_compiles_for_sm90a_with_the_params_the_launcher_packs(cfg, tmp_pat
     a_off, b_off, c_off, k_off = (rec["params"][i][1] for i in (0, 1, 3, 4))
     assert struct.unpack_from("<Q", block, a_off)[0] == 0x1000
     assert struct.unpack_from("<Qii", block, b_off) == (0x2000, 4096, 4096)
-    assert struct.unpack_from("<Qi", block, c_off) == (0x3000, 4096) and struct.unpack_from("<i", block, k_off) == (4096,)
+    assert struct.unpack_from("<Qi", block, c_off) == (0x3000, 4096) and struct.unpack_from("<i", block, k_off) == (
+        4096,
+    )
     # The lda slot: last 8 bytes of A's struct.
     assert struct.unpack_from("<q", block, a_off + rec["params"][0][2] - 8) == (4096,)
 
@@ -44,12 +49,20 @@ def test_a_layout_the_launcher_does_not_know_is_refused():
 
 def test_cells_use_the_measured_best_then_vllms_default_then_cublas(tmp_path):
     configs = tmp_path / "peer.json"
-    configs.write_text(json.dumps({"cells": [
-        {"n": 4096, "k": 4096, "m": 1, "vllm_best_config": "bs128/opb2/ku2/vw8/sk4096", "speedup": 1.6},
-        {"n": 38720, "k": 4096, "m": 4, "vllm_best_config": "bs128/opb2/ku1/vw8", "speedup": 0.98},
-    ]}))
-    rows = {(r["n"], r["k"], r["m"]): r for r in peer.plan_cells(configs, [(4096, 4096, 1), (38720, 4096, 4),
-                                                                             (4096, 4096, 8)])}
+    configs.write_text(
+        json.dumps(
+            {
+                "cells": [
+                    {"n": 4096, "k": 4096, "m": 1, "vllm_best_config": "bs128/opb2/ku2/vw8/sk4096", "speedup": 1.6},
+                    {"n": 38720, "k": 4096, "m": 4, "vllm_best_config": "bs128/opb2/ku1/vw8", "speedup": 0.98},
+                ]
+            }
+        )
+    )
+    rows = {
+        (r["n"], r["k"], r["m"]): r
+        for r in peer.plan_cells(configs, [(4096, 4096, 1), (38720, 4096, 4), (4096, 4096, 8)])
+    }
     assert rows[(4096, 4096, 1)]["config"] == PeerConfig(1, 128, 2, 2, 8, sk=4096)
     assert rows[(38720, 4096, 4)]["config"] is None and "cuBLAS" in rows[(38720, 4096, 4)]["source"]
     default = rows[(4096, 4096, 8)]["config"]

@@ -26,8 +26,9 @@ def test_every_step_file_parses_and_its_projections_are_the_linears(path):
             ops = steps.build(model, tp, m, arch=arch)
             # Every linear appears calls_per_step times, as a GEMM or (another dtype) as a weight read.
             per_linear = Counter(op.name for op in ops if op.kind in ("gemm", "weight_read"))
-            assert per_linear == {name: lin["calls_per_step"] for name, lin in model["linears"].items()
-                                  if lin.get("kind") != "router"}
+            assert per_linear == {
+                name: lin["calls_per_step"] for name, lin in model["linears"].items() if lin.get("kind") != "router"
+            }
             for op in ops:
                 if op.kind in ("gemm", "weight_read"):
                     assert [op.n, op.k] == model["linears"][op.name]["tp"][str(tp)]

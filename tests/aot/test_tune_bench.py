@@ -42,8 +42,11 @@ SEED_90A = [name for name in SHAPES["linears"] if not name.startswith("shared_")
 
 
 def test_candidates_are_valid_and_bounded():
-    rows = [row for name in ("tune-sm_90a-h200-m12.json", "tune-sm_90a-h200-m34.json")
-            for row in json.loads((TUNING / name).read_text())["cells"]]
+    rows = [
+        row
+        for name in ("tune-sm_90a-h200-m12.json", "tune-sm_90a-h200-m34.json")
+        for row in json.loads((TUNING / name).read_text())["cells"]
+    ]
     counts = [len(candidates.candidates(row["n"], row["k"], row["m"])) for row in rows]
     assert len(counts) == 52 and 1 <= min(counts) and max(counts) <= candidates.max_candidates()
     for n, k, m in [(160, 4096, 1), (2048, 128, 4), (4096, 4096, 3), (38720, 4096, 2)]:
@@ -52,7 +55,9 @@ def test_candidates_are_valid_and_bounded():
         for cfg in cands:
             cfg.check(n=n, k=k)
             assert cfg.m == m
-        assert {c.kind for c in cands} == {"simt", "mma"}, "bulk picks slow the whole decode step (~50 us on H200 TP8 M=4)"
+        assert {c.kind for c in cands} == {"simt", "mma"}, (
+            "bulk picks slow the whole decode step (~50 us on H200 TP8 M=4)"
+        )
         assert any(c.groups > 1 and c.kind == "mma" for c in cands) == (m >= 2)
         assert any(c.split > 1 for c in cands) == (k >= 1024), "cluster-split candidates wherever K can be split"
 
@@ -64,7 +69,11 @@ def test_slice_candidates_are_short_valid_ctas():
         assert {c.slices for c in found} == allowed
         for c in found:
             c.check(n=6416, k=4096)
-            assert 4096 // c.k_step <= dict(next(s for s in candidates.spaces()["spaces"] if s["name"] == "slice")["rules"])["max_k_trips"] and c.m * c.slices <= 16
+            assert (
+                4096 // c.k_step
+                <= dict(next(s for s in candidates.spaces()["spaces"] if s["name"] == "slice")["rules"])["max_k_trips"]
+                and c.m * c.slices <= 16
+            )
         assert min(c.cols_per_cta for c in found) == 8 // max(allowed)
     assert candidates.slice_candidates(2048, 128, 1) == []  # K=128 is shorter than any sliced step
 
@@ -120,12 +129,33 @@ def test_write_plan_keeps_only_cells_that_win(tmp_path):
         "date": "2026-11-29",
         "method": "synthetic",
         "cells": [
-            {"n": 4096, "k": 4096, "m": 1, "cublas_us": 10.0,
-             "candidates": {"a": {"config": candidates.candidates(4096, 4096, 1)[0].to_json(), "bad_elements": 0, "us": 9.9}}},
-            {"n": 4096, "k": 4096, "m": 2, "cublas_us": 10.0,
-             "candidates": {"a": {"config": candidates.candidates(4096, 4096, 2)[0].to_json(), "bad_elements": 3, "us": 5.0}}},
-            {"n": 4096, "k": 4096, "m": 3, "cublas_us": 10.0,
-             "candidates": {"a": {"config": candidates.candidates(4096, 4096, 3)[0].to_json(), "bad_elements": 0, "us": 8.0}}},
+            {
+                "n": 4096,
+                "k": 4096,
+                "m": 1,
+                "cublas_us": 10.0,
+                "candidates": {
+                    "a": {"config": candidates.candidates(4096, 4096, 1)[0].to_json(), "bad_elements": 0, "us": 9.9}
+                },
+            },
+            {
+                "n": 4096,
+                "k": 4096,
+                "m": 2,
+                "cublas_us": 10.0,
+                "candidates": {
+                    "a": {"config": candidates.candidates(4096, 4096, 2)[0].to_json(), "bad_elements": 3, "us": 5.0}
+                },
+            },
+            {
+                "n": 4096,
+                "k": 4096,
+                "m": 3,
+                "cublas_us": 10.0,
+                "candidates": {
+                    "a": {"config": candidates.candidates(4096, 4096, 3)[0].to_json(), "bad_elements": 0, "us": 8.0}
+                },
+            },
         ],
     }
     src = tmp_path / "results.json"
@@ -139,10 +169,14 @@ def test_write_plan_keeps_only_cells_that_win(tmp_path):
 def test_write_plan_merges_results_later_files_replace_cells(tmp_path):
     """Re-tuning one M (`tune prepare --m 1`) and writing both files: the later file's cells win, the rest stay."""
     cfg = lambda m: candidates.candidates(4096, 4096, m)[0].to_json()
-    cell = lambda m, us: {"n": 4096, "k": 4096, "m": m, "cublas_us": 10.0,
-                          "candidates": {"a": {"config": cfg(m), "bad_elements": 0, "us": us}}}
-    run = lambda date, cells: {"arch": "sm_90a", "gpu": "test GPU", "date": date, "method": "synthetic",
-                               "cells": cells}
+    cell = lambda m, us: {
+        "n": 4096,
+        "k": 4096,
+        "m": m,
+        "cublas_us": 10.0,
+        "candidates": {"a": {"config": cfg(m), "bad_elements": 0, "us": us}},
+    }
+    run = lambda date, cells: {"arch": "sm_90a", "gpu": "test GPU", "date": date, "method": "synthetic", "cells": cells}
     first, second = tmp_path / "all.json", tmp_path / "m1.json"
     first.write_text(json.dumps(run("2026-11-28", [cell(1, 8.0), cell(2, 9.0)])))
     second.write_text(json.dumps(run("2026-11-29", [cell(1, 5.0)])))
@@ -150,7 +184,9 @@ def test_write_plan_merges_results_later_files_replace_cells(tmp_path):
     assert (planned, skipped) == (2, 0)
     _header, entries = plans.load(tmp_path / "plan.json")
     assert [(e.m, e.provenance["plan_us"], e.provenance["date"]) for e in entries] == [
-        (1, 5.0, "2026-11-29"), (2, 9.0, "2026-11-28")]
+        (1, 5.0, "2026-11-29"),
+        (2, 9.0, "2026-11-28"),
+    ]
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**run("2026-11-29", [cell(1, 5.0)]), "arch": "sm_121"}))
     with pytest.raises(ValueError, match="sm_121"):
@@ -159,14 +195,29 @@ def test_write_plan_merges_results_later_files_replace_cells(tmp_path):
 
 def test_write_plan_prefers_the_decode_step_choice(tmp_path):
     cands = candidates.candidates(4096, 4096, 1)[:3]
-    row = {"n": 4096, "k": 4096, "m": 1, "cublas_us": 10.0,
-           "candidates": {c.name: {"config": c.to_json(), "bad_elements": 0, "us": us}
-                          for c, us in zip(cands, (8.0, 8.5, 9.9))}}
+    row = {
+        "n": 4096,
+        "k": 4096,
+        "m": 1,
+        "cublas_us": 10.0,
+        "candidates": {
+            c.name: {"config": c.to_json(), "bad_elements": 0, "us": us} for c, us in zip(cands, (8.0, 8.5, 9.9))
+        },
+    }
     for chosen, expect in ((cands[1].name, cands[1]), (cands[2].name, cands[0]), ("gone", cands[0])):
         # A decode-step pick wins only if it is itself a >= 1.05x isolated winner.
         src = tmp_path / "results.json"
-        src.write_text(json.dumps({"arch": "sm_90a", "gpu": "test GPU", "date": "2026-11-29", "method": "synthetic",
-                                   "cells": [{**row, "decode": {"chosen": chosen, "step_us": {}}}]}))
+        src.write_text(
+            json.dumps(
+                {
+                    "arch": "sm_90a",
+                    "gpu": "test GPU",
+                    "date": "2026-11-29",
+                    "method": "synthetic",
+                    "cells": [{**row, "decode": {"chosen": chosen, "step_us": {}}}],
+                }
+            )
+        )
         write_plan(src, out=tmp_path / "plan.json")
         _, (entry,) = plans.load(tmp_path / "plan.json")
         assert entry.config == expect
@@ -198,14 +249,18 @@ def test_decode_phase_second_pass_revisits_earlier_cells(monkeypatch):
 
     cost = {"a1": 3.0, "a2": 4.0, "y1": 3.0, "y2": 1.0}
     # a1 and y1 slow each other down in the same step (+5).
-    lib = fake_step(monkeypatch, lambda names: sum(cost[n] for n in names) + (5.0 if {"a1", "y1"} <= set(names) else 0.0))
+    lib = fake_step(
+        monkeypatch, lambda names: sum(cost[n] for n in names) + (5.0 if {"a1", "y1"} <= set(names) else 0.0)
+    )
 
     def run(passes):
         rows = [
             {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": {"a1": cand(5.0), "a2": cand(6.0)}},
             {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"y1": cand(5.0), "y2": cand(6.0)}},
         ]
-        decode_phase.decode_phase(lib, rows, STEPS, torch.device("cpu"), top=12, trials=1, progress=False, passes=passes)
+        decode_phase.decode_phase(
+            lib, rows, STEPS, torch.device("cpu"), top=12, trials=1, progress=False, passes=passes
+        )
         return [r["decode"]["chosen"] for r in rows]
 
     # One pass: a1 is judged next to y1 (its isolated pick) and loses; y then moves to y2.
@@ -223,10 +278,24 @@ def test_decode_phase_swaps_out_a_family_that_slows_the_whole_step(monkeypatch):
 
     cost = {"b1": 1.0, "m1": 2.0, "b2": 1.0, "m2": 2.0}
     # Any bulk launch in a step adds 10, however many: no single swap can remove it.
-    lib = fake_step(monkeypatch, lambda names: sum(cost[n] for n in names) + (10.0 if {"b1", "b2"} & set(names) else 0.0))
+    lib = fake_step(
+        monkeypatch, lambda names: sum(cost[n] for n in names) + (10.0 if {"b1", "b2"} & set(names) else 0.0)
+    )
     rows = [
-        {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": {"b1": kcand(5.0, "bulk"), "m1": kcand(6.0, "mma")}},
-        {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"b2": kcand(5.0, "bulk"), "m2": kcand(6.0, "mma")}},
+        {
+            "n": 64,
+            "k": 32,
+            "m": 1,
+            "cublas_us": 10.0,
+            "candidates": {"b1": kcand(5.0, "bulk"), "m1": kcand(6.0, "mma")},
+        },
+        {
+            "n": 32,
+            "k": 64,
+            "m": 1,
+            "cublas_us": 10.0,
+            "candidates": {"b2": kcand(5.0, "bulk"), "m2": kcand(6.0, "mma")},
+        },
     ]
     # One step holding both cells: from either cell alone, bulk stays cheaper (12 against 13).
     steps = [{"tp": 4, "calls": [[64, 32], [32, 64]]}]
@@ -239,18 +308,32 @@ def test_decode_phase_swaps_out_a_family_that_slows_the_whole_step(monkeypatch):
 
 
 def test_isolated_winners_rank_correct_fast_candidates():
-    row = {"cublas_us": 10.0, "candidates": {
-        "slow": {"bad_elements": 0, "us": 9.8}, "fast": {"bad_elements": 0, "us": 7.0},
-        "wrong": {"bad_elements": 1, "us": 1.0}, "mid": {"bad_elements": 0, "us": 9.0},
-        "untimed": {"bad_elements": 0, "us": None}}}
+    row = {
+        "cublas_us": 10.0,
+        "candidates": {
+            "slow": {"bad_elements": 0, "us": 9.8},
+            "fast": {"bad_elements": 0, "us": 7.0},
+            "wrong": {"bad_elements": 1, "us": 1.0},
+            "mid": {"bad_elements": 0, "us": 9.0},
+            "untimed": {"bad_elements": 0, "us": None},
+        },
+    }
     assert isolated_winners(row) == ["fast", "mid"]
 
 
 def test_decode_steps_follow_the_seed_set(tmp_path):
     path = tmp_path / "shapes.json"
-    path.write_text(json.dumps({**SHAPES, "seed_plan_sets": {
-        "sm_90a": {"tp": [4, 8], "linears": SEED_90A, "planned_M": [1, 2, 3, 4]},
-        "sm_121": {"tp": 2, "linears": ["kda_in_proj", "shared_down"], "planned_M": [1, 2, 4]}}}))
+    path.write_text(
+        json.dumps(
+            {
+                **SHAPES,
+                "seed_plan_sets": {
+                    "sm_90a": {"tp": [4, 8], "linears": SEED_90A, "planned_M": [1, 2, 3, 4]},
+                    "sm_121": {"tp": 2, "linears": ["kda_in_proj", "shared_down"], "planned_M": [1, 2, 4]},
+                },
+            }
+        )
+    )
     steps = plans.decode_steps("sm_90a", path)
     assert sorted(steps) == [4, 8] and all(len(v) == 192 for v in steps.values())
     assert steps[8][0] == (3208, 4096) and steps[4][-1] == (38720, 4096)
@@ -354,8 +437,14 @@ def test_bench_served_reports_share_step_and_bare_and_no_plan(monkeypatch, tmp_p
     assert one["speedup"] == {"step": {"ours": 1.2}, "share": {"ours": 20.0 / 15.0}, "bare": {"ours": 2.0}}
     eight = rows[1]
     assert eight["ours"] == "no plan" and "ours+step" not in eight["us"], "an M without plans is not timed as ours"
-    text = markdown({"date": "d", "command": "c", "served": rows,
-                           "served_about": {"model": "hand", "file": "hand.json", "about": "two handmade layers"}})
+    text = markdown(
+        {
+            "date": "d",
+            "command": "c",
+            "served": rows,
+            "served_about": {"model": "hand", "file": "hand.json", "about": "two handmade layers"},
+        }
+    )
     assert "Served decode step: hand (hand.json)" in text and "Step: two handmade layers" in text
     assert "| 1 | 8 | 0/3 |" in text and "no plan" in text and "1.33x" in text and "Bare chain" in text
 
@@ -400,6 +489,7 @@ def test_served_steps_hold_the_ops_between_the_gemms():
             ops = entry["step"][m]
             assert [op[1:] for op in ops if isinstance(op, list)] == entry["calls"]
             assert len(ops) == 657 and not isinstance(ops[0], list), "the step starts with a norm, not a GEMM"
+
         def moe(m, entry=entry):
             return [op["bytes"] for op in entry["step"][m] if isinstance(op, dict) and op["op"] == "moe"]
 
@@ -417,18 +507,31 @@ def test_decode_phase_times_pdl_on_and_off_in_every_cell(monkeypatch):
     off, fast_off = decode_phase.twin(on), decode_phase.twin(fast_on)
 
     def cands():
-        return {c.name: {"config": c.to_json(), "bad_elements": 0, "us": us}
-                for c, us in ((fast_on, 4.0), (on, 5.0), (fast_off, 6.0), (off, 7.0))}
+        return {
+            c.name: {"config": c.to_json(), "bad_elements": 0, "us": us}
+            for c, us in ((fast_on, 4.0), (on, 5.0), (fast_off, 6.0), (off, 7.0))
+        }
 
     # Step cost by launch position: after the norm PDL-on is the faster, after the GEMM its no-PDL twin.
     first = {fast_on.name: 2.0, on.name: 3.5, fast_off.name: 3.0, off.name: 2.5}
     second = {fast_on.name: 3.0, on.name: 3.5, fast_off.name: 1.0, off.name: 2.5}
     lib = fake_step(monkeypatch, lambda names: first[names[0]] + second[names[1]])
-    rows = [{"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": cands()},
-            {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": cands()}]
-    step = {"tp": 4, "calls": [[64, 32], [32, 64]],
-            "step": {"1": [{"op": "rms_norm", "size": 8, "bytes": 16}, ["gemm", 64, 32], ["gemm", 32, 64],
-                           {"op": "moe", "size": 0, "bytes": 4096}]}}
+    rows = [
+        {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": cands()},
+        {"n": 32, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": cands()},
+    ]
+    step = {
+        "tp": 4,
+        "calls": [[64, 32], [32, 64]],
+        "step": {
+            "1": [
+                {"op": "rms_norm", "size": 8, "bytes": 16},
+                ["gemm", 64, 32],
+                ["gemm", 32, 64],
+                {"op": "moe", "size": 0, "bytes": 4096},
+            ]
+        },
+    }
     decode_phase.decode_phase(lib, rows, [step], torch.device("cpu"), top=12, trials=1, progress=False)
     after_op, after_gemm = rows[0]["decode"], rows[1]["decode"]
     every = {fast_on.name, on.name, fast_off.name, off.name}
@@ -459,12 +562,27 @@ def test_bench_served_runs_the_peer_pdl_off_and_on_where_it_has_a_variant(monkey
     _fake_bench(monkeypatch, (1,))
     from skinny_gemm.aot import measure as ms
 
-    cost = {"ops": 10.0, "cublas+step": 30.0, "ours+step": 25.0, "cublas+bare": 20.0, "ours+bare": 10.0,
-            "peer+step": 28.0, "peer+bare": 18.0, "peer_pdl+step": 29.0, "peer_pdl+bare": 17.0}
+    cost = {
+        "ops": 10.0,
+        "cublas+step": 30.0,
+        "ours+step": 25.0,
+        "cublas+bare": 20.0,
+        "ours+bare": 10.0,
+        "peer+step": 28.0,
+        "peer+bare": 18.0,
+        "peer_pdl+step": 29.0,
+        "peer_pdl+bare": 17.0,
+    }
     monkeypatch.setattr(ms, "time_graphs", lambda graphs, per, trials: {g: cost[g] for g in graphs})
     fake = FakePeer()
-    (row,) = bench_served(HAND_MODEL, [(2, 1, steps_build(HAND_MODEL, 2, 1))], trials=1, progress=False,
-                                peer_lib=fake, device=torch.device("cpu"))
+    (row,) = bench_served(
+        HAND_MODEL,
+        [(2, 1, steps_build(HAND_MODEL, 2, 1))],
+        trials=1,
+        progress=False,
+        peer_lib=fake,
+        device=torch.device("cpu"),
+    )
     # Two qkv calls per graph, in the step and the bare chain, PDL off then on; the head stays on cuBLAS.
     assert fake.launched == [("v", 48, 64)] * 4 + [("v_pdl", 48, 64)] * 4
     assert row["peer_gemms"] == 2 and row["speedup"]["share"]["peer"] == 20.0 / 18.0
@@ -491,7 +609,7 @@ def test_prepare_writes_the_served_step_and_the_no_pdl_twins(monkeypatch, tmp_pa
     row = next(r for r in spec["cells"] if (r["n"], r["k"]) == (4096, 4096))
     cands = [KernelConfig.from_json(c) for c in row["candidates"]]
     base = candidates.candidates(4096, 4096, 2)
-    assert cands[: len(base)] == base and cands[len(base):] == decode_phase.no_pdl_twins(base, 4096, 4096)
+    assert cands[: len(base)] == base and cands[len(base) :] == decode_phase.no_pdl_twins(base, 4096, 4096)
     assert set(cands) <= compiled["configs"]
     # Without twins, or for a model file without a step: the candidates alone.
     prepare("sm_90a", model, tmp_path / "plain", ms=[2], twins=False)
@@ -508,8 +626,9 @@ def test_bench_served_refuses_to_time_a_planned_cell_that_would_fall_back(monkey
     _fake_bench(monkeypatch, (1,))
     monkeypatch.setattr(ops, "plan", lambda x, w: None)
     with pytest.raises(SystemExit, match=r"\(96, 64, 1\) is planned but would not dispatch"):
-        bench_served(HAND_MODEL, [(1, 1, steps_build(HAND_MODEL, 1, 1))], trials=1, progress=False,
-                           device=torch.device("cpu"))
+        bench_served(
+            HAND_MODEL, [(1, 1, steps_build(HAND_MODEL, 1, 1))], trials=1, progress=False, device=torch.device("cpu")
+        )
 
 
 def test_prepare_tunes_m8_beyond_the_seed_sets_token_counts(monkeypatch, tmp_path):
@@ -537,4 +656,6 @@ def test_a_read_cap_shortens_the_stand_ins_only():
     assert [op.kind for op in capped.ops] == [op.kind for op in ops], "every op stays, in order"
     assert [op.bytes for op in capped.ops if op.kind == "attention"] == [4096, 4096]
     assert [op.bytes for op in full.ops if op.kind == "attention"] == [16 * 10 * 40] * 2
-    assert [op.bytes for op in capped.ops if op.kind == "add_rms_norm"] == [op.bytes for op in ops if op.kind == "add_rms_norm"]
+    assert [op.bytes for op in capped.ops if op.kind == "add_rms_norm"] == [
+        op.bytes for op in ops if op.kind == "add_rms_norm"
+    ]

@@ -66,14 +66,26 @@ def test_a_win_within_the_margin_goes_back_to_the_alone_fastest(timed, tmp_path)
     assert [r["decode"]["passes_chosen"] for r in rows] == ["b1", "y1"]
     # tune write takes decode.chosen, and says it was not a decode-step pick (the (32, 64) row, given valid configs).
     x_cfg, y_cfg = candidates.candidates(32, 64, 1)[:2]
-    row = {**rows[1], "candidates": {"x1": {**cand(5.0), "config": x_cfg.to_json()},
-                                     "y1": {**cand(6.0), "config": y_cfg.to_json()}}}
+    row = {
+        **rows[1],
+        "candidates": {"x1": {**cand(5.0), "config": x_cfg.to_json()}, "y1": {**cand(6.0), "config": y_cfg.to_json()}},
+    }
     src = tmp_path / "results.json"
-    for decode, config, chosen_in in ((rows[1]["decode"], x_cfg, None),
-                                      ({**rows[1]["decode"], "chosen": "y1", "confirm": {"kept": True}}, y_cfg,
-                                       "decode step")):
-        src.write_text(json.dumps({"arch": "sm_90a", "gpu": "test GPU", "date": "2026-12-02", "method": "synthetic",
-                                   "cells": [{**row, "decode": decode}]}))
+    for decode, config, chosen_in in (
+        (rows[1]["decode"], x_cfg, None),
+        ({**rows[1]["decode"], "chosen": "y1", "confirm": {"kept": True}}, y_cfg, "decode step"),
+    ):
+        src.write_text(
+            json.dumps(
+                {
+                    "arch": "sm_90a",
+                    "gpu": "test GPU",
+                    "date": "2026-12-02",
+                    "method": "synthetic",
+                    "cells": [{**row, "decode": decode}],
+                }
+            )
+        )
         write_plan(src, out=tmp_path / "plan.json")
         _, (entry,) = plans.load(tmp_path / "plan.json")
         assert entry.config == config and entry.provenance.get("chosen_in") == chosen_in
@@ -81,8 +93,7 @@ def test_a_win_within_the_margin_goes_back_to_the_alone_fastest(timed, tmp_path)
 
 def test_each_m_is_confirmed_on_its_own(timed):
     cost, _, lib = timed
-    cost.update({"a1": 100.0, "b1": 90.0, "x1": 100.0, "y1": 90.0,
-                 "a2": 100.0, "b2": 99.9, "x2": 100.0, "y2": 99.9})
+    cost.update({"a1": 100.0, "b1": 90.0, "x1": 100.0, "y1": 90.0, "a2": 100.0, "b2": 99.9, "x2": 100.0, "y2": 99.9})
     rows = _rows(1) + _rows(2)
     _run(lib, rows)
     assert [r["decode"]["chosen"] for r in rows] == ["b1", "y1", "a2", "x2"]
@@ -105,8 +116,11 @@ def test_choices_equal_to_the_alone_fastest_need_no_timing(timed):
     rows = _rows(1)
     _run(lib, rows)
     assert [r["decode"]["chosen"] for r in rows] == ["a1", "x1"]
-    assert rows[0]["decode"]["confirm"] == {"kept": True, "step_us": {},
-                                            "note": "the decode choices are the alone-fastest"}
+    assert rows[0]["decode"]["confirm"] == {
+        "kept": True,
+        "step_us": {},
+        "note": "the decode choices are the alone-fastest",
+    }
     assert all(trials == 2 for _, trials in calls), "no confirm timing"
 
 

@@ -74,8 +74,26 @@ def test_from_plans_on_the_cli_with_the_served_step(compiled, tmp_path, capsys):
     """Without --no-decode the served step is kept, and the plans' configs still get no twins."""
     (pa, pb), a, b, _ = _plans(tmp_path)
     out = tmp_path / "out"
-    assert cli.main(["tune", "prepare", "--arch", "sm_90a", "--shapes", str(GLM), "--m", "8",
-                     "--from-plans", str(pa), str(pb), "--out", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "tune",
+                "prepare",
+                "--arch",
+                "sm_90a",
+                "--shapes",
+                str(GLM),
+                "--m",
+                "8",
+                "--from-plans",
+                str(pa),
+                str(pb),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     spec = _spec(out)
     assert [d["tp"] for d in spec["decode"]] == [4, 8] and set(spec["decode"][0]["step"]) == {"8"}
     assert sum(len(r["candidates"]) for r in spec["cells"]) == len({(e.n, e.k, e.config) for e in a + b})
@@ -140,7 +158,9 @@ def test_a_tp_the_step_does_not_state_has_no_decode_entry(tmp_path):
     path.write_text(json.dumps(HAND_MODEL))
     entries, note = decode_phase.model_steps("sm_90a", str(path), [1, 2, 4], [1, 2])
     assert [e["tp"] for e in entries] == [1, 2]
-    assert note == "no decode phase at TP [4] (hand.json's step is stated for TP [1, 2])".replace("hand.json", str(path))
+    assert note == "no decode phase at TP [4] (hand.json's step is stated for TP [1, 2])".replace(
+        "hand.json", str(path)
+    )
     assert entries[1]["calls"] == [[48, 64], [48, 64], [250, 64]], "the down linear is FP8: a read, not a GEMM"
     assert decode_phase.model_steps("sm_90a", str(path), [2], [1])[1] == ""
 

@@ -31,13 +31,20 @@ def test_catalogue_slug_becomes_the_config_vllm_builds_its_shapes_from(tmp_path,
     arch = models.load(slug)["arch"]
     assert name == models.load(slug)["name"]
     assert (config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]) == (
-        arch["hidden"], arch["intermediate"], arch["layers"])
+        arch["hidden"],
+        arch["intermediate"],
+        arch["layers"],
+    )
     # The per-rank shapes at TP1 that vLLM builds from this config are the catalogue's.
     q = config["num_attention_heads"] * config["head_dim"]
     kv = config["num_key_value_heads"] * config["head_dim"]
-    shapes = {(q + 2 * kv, config["hidden_size"]), (config["hidden_size"], q),
-              (2 * config["intermediate_size"], config["hidden_size"]),
-              (config["hidden_size"], config["intermediate_size"]), (config["vocab_size"], config["hidden_size"])}
+    shapes = {
+        (q + 2 * kv, config["hidden_size"]),
+        (config["hidden_size"], q),
+        (2 * config["intermediate_size"], config["hidden_size"]),
+        (config["hidden_size"], config["intermediate_size"]),
+        (config["vocab_size"], config["hidden_size"]),
+    }
     assert shapes == set(models.shapes(models.load(slug), 1))
 
 
@@ -49,14 +56,17 @@ def test_a_config_json_is_taken_as_is(tmp_path):
     assert json.loads((folder / "config.json").read_text())["hidden_size"] == 64
 
 
-@pytest.mark.parametrize("model, message", [
-    ("glm-5.3-flash", "no config.json can be made for it here"),
-    ("qwen3-30b-a3b", "not a dense BF16 checkpoint in the catalogue (arch lacks intermediate"),
-    ("qwen3-235b-a22b-fp8", "not a dense BF16 checkpoint in the catalogue"),
-    ("no-such-model", "neither a config.json nor a catalogue model"),
-    ("BAD_JSON", "not a readable JSON config"),
-    ("NO_ARCH", "field 'architectures' missing"),
-])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("glm-5.3-flash", "no config.json can be made for it here"),
+        ("qwen3-30b-a3b", "not a dense BF16 checkpoint in the catalogue (arch lacks intermediate"),
+        ("qwen3-235b-a22b-fp8", "not a dense BF16 checkpoint in the catalogue"),
+        ("no-such-model", "neither a config.json nor a catalogue model"),
+        ("BAD_JSON", "not a readable JSON config"),
+        ("NO_ARCH", "field 'architectures' missing"),
+    ],
+)
 def test_bad_models_are_refused_in_one_line_naming_the_file_or_model(tmp_path, model, message, capsys):
     if model == "BAD_JSON":
         model = str(tmp_path / "config.json")
@@ -83,8 +93,14 @@ def _arm(arm, tpot):
 
 
 def test_summary_takes_the_median_of_alternating_arms_and_the_change():
-    arms = [_arm("off", {1: 5.0}), _arm("on", {1: 4.5}), _arm("on", {1: 4.4}), _arm("off", {1: 5.2}),
-            _arm("off", {1: 5.1}), _arm("on", {1: 4.6})]
+    arms = [
+        _arm("off", {1: 5.0}),
+        _arm("on", {1: 4.5}),
+        _arm("on", {1: 4.4}),
+        _arm("off", {1: 5.2}),
+        _arm("off", {1: 5.1}),
+        _arm("on", {1: 4.6}),
+    ]
     (row,) = vllm_bench.summarize(arms, [1])
     assert (row["off_ms"], row["on_ms"], row["off_range"], row["on_range"]) == (5.1, 4.5, [5.0, 5.2], [4.4, 4.6])
     assert row["change_pct"] == pytest.approx((4.5 / 5.1 - 1) * 100)
@@ -103,8 +119,7 @@ def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(site))
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
-    args = _args(tmp_path, model=str(model), batches=[1, 2], runs=1, decode_tokens=4, reps=1, prompt_len=8,
-                 eager=True)
+    args = _args(tmp_path, model=str(model), batches=[1, 2], runs=1, decode_tokens=4, reps=1, prompt_len=8, eager=True)
     assert bench.main(args) == 0
     data = json.loads((tmp_path / "out" / "vllm.json").read_text())
     assert [a["arm"] for a in data["arms"]] == ["off", "on"]

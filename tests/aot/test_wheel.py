@@ -31,9 +31,21 @@ def wheels(tmp_path_factory):
         matches = sorted(folder.glob(f"skinny_gemm-*-{tag}-py3-none-any.whl"))
         if not matches and not given:
             subprocess.run(
-                [sys.executable, "-m", "pip", "wheel", str(PACKAGE_ROOT), "--no-deps", "--no-build-isolation",
-                 "-w", str(folder), "-C", f"skinny.archs={arch}"],
-                check=True, capture_output=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "wheel",
+                    str(PACKAGE_ROOT),
+                    "--no-deps",
+                    "--no-build-isolation",
+                    "-w",
+                    str(folder),
+                    "-C",
+                    f"skinny.archs={arch}",
+                ],
+                check=True,
+                capture_output=True,
             )
             matches = sorted(folder.glob(f"skinny_gemm-*-{tag}-py3-none-any.whl"))
         assert len(matches) == 1, f"expected one {arch} wheel in {folder}, found {matches}"
@@ -100,19 +112,21 @@ def test_wheel_installs_in_fresh_venv_without_cutlass(wheels, tmp_path):
         assert "cutlass" not in listed.lower()
         out = subprocess.run([py, "-c", IMPORT_PROBE], check=True, capture_output=True, text=True, cwd=tmp_path)
         assert out.stdout.startswith("ok ")
-        ver = subprocess.run(
-            [py, "-m", "skinny_gemm", "verify"], capture_output=True, text=True, cwd=tmp_path
-        )
+        ver = subprocess.run([py, "-m", "skinny_gemm", "verify"], capture_output=True, text=True, cwd=tmp_path)
         assert ver.returncode == 0, ver.stdout + ver.stderr
         assert ver.stdout.startswith("OK ") and arch in ver.stdout
     # The CLI's help, its version and the bare module list the verbs without importing torch (seconds).
-    probe = ("import sys, contextlib, io\nfrom skinny_gemm.aot.cli import main\n"
-             "for argv in (['--help'], ['--version'], ['build', '--help'], ['coverage', '--help']):\n"
-             "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
-             "        main(argv)\n"
-             "print('torch' in sys.modules)")
-    assert subprocess.run([py, "-c", probe], check=True, capture_output=True, text=True,
-                          cwd=tmp_path).stdout.strip() == "False"
+    probe = (
+        "import sys, contextlib, io\nfrom skinny_gemm.aot.cli import main\n"
+        "for argv in (['--help'], ['--version'], ['build', '--help'], ['coverage', '--help']):\n"
+        "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "        main(argv)\n"
+        "print('torch' in sys.modules)"
+    )
+    assert (
+        subprocess.run([py, "-c", probe], check=True, capture_output=True, text=True, cwd=tmp_path).stdout.strip()
+        == "False"
+    )
     bare = subprocess.run([py, "-m", "skinny_gemm"], capture_output=True, text=True, cwd=tmp_path)
     assert bare.returncode == 0 and "verify" in bare.stdout and "coverage" in bare.stdout, bare.stdout + bare.stderr
     version = subprocess.run([py, "-m", "skinny_gemm", "--version"], capture_output=True, text=True, cwd=tmp_path)
@@ -123,9 +137,23 @@ def test_wheel_installs_in_fresh_venv_without_cutlass(wheels, tmp_path):
 def test_build_option_is_strict(archs, tmp_path):
     # A space after the comma once built sm_90a alone under a name that promised both.
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(PACKAGE_ROOT), "--no-deps", "--no-build-isolation",
-         "-w", str(tmp_path), "-C", f"skinny.archs={archs}", "-C", f"build-dir={tmp_path / 'build'}"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(PACKAGE_ROOT),
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            "-C",
+            f"skinny.archs={archs}",
+            "-C",
+            f"build-dir={tmp_path / 'build'}",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode != 0 and not list(tmp_path.glob("*.whl"))
     assert f"skinny.archs='{archs}'" in proc.stdout + proc.stderr

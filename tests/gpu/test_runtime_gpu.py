@@ -171,7 +171,9 @@ def test_every_entry_graph_replay(dev):
                 graph.replay()
                 torch.cuda.synchronize()
                 try:
-                    what = f"{vid} (n={n}, k={k}, m={m}) replay scale {scale} {'bias' if cfg.bias else 'res'} {with_extra}"
+                    what = (
+                        f"{vid} (n={n}, k={k}, m={m}) replay scale {scale} {'bias' if cfg.bias else 'res'} {with_extra}"
+                    )
                     assert_within_bound(y, xs, w, added, what=what)
                 except AssertionError as exc:
                     failures.append(str(exc))
@@ -228,7 +230,9 @@ def _case(rng, dev, gen):
         n, k, m = 8 * rng.randint(1, 64), 8 * rng.randint(1, 128), rng.randint(0, 9)
     dtype = rng.choice([BF16] * 6 + [torch.float16, torch.float32])
     scale = rng.choice(SCALES)
-    layout = rng.choice(["contig", "contig", "aligned_offset", "misaligned", "strided", "lead_dims", "one_d", "neg_view"])
+    layout = rng.choice(
+        ["contig", "contig", "aligned_offset", "misaligned", "strided", "lead_dims", "one_d", "neg_view"]
+    )
     label = f"n={n} k={k} m={m} {dtype} {layout}"
     if layout == "aligned_offset":
         buf = random_tensor((m * k + 8,), "cuda", scale, generator=gen, dtype=dtype)
@@ -332,8 +336,7 @@ def test_first_call_of_a_shape_inside_capture(dev, monkeypatch):
     """The first call of a shape loads its variant (cuLibraryLoadData) and binds it inside the capture, in
     relaxed capture mode, and the kernel is what the graph replays. The earlier tests bound this GPU's
     variants already, so the call goes to a fresh library and table of the same artifacts."""
-    fresh = DeviceTable(dev.ordinal, dev.name, dev.capability, dev.arch,
-                        open_dir(dev.library.directory, dev.arch))
+    fresh = DeviceTable(dev.ordinal, dev.name, dev.capability, dev.arch, open_dir(dev.library.directory, dev.arch))
     monkeypatch.setitem(loader.DEVICES, dev.ordinal, fresh)
     (n, k, m), vid = plans(dev)[-1]
     w = weight(n, k)
@@ -662,8 +665,12 @@ def test_tampered_artifacts_refused_on_the_real_driver(dev, tmp_path):
         "    'planned': sorted(table.table), 'survivors_checked': len(checked)}))\n"
     )
     refused = res["refused"]
-    print("\nrefused before the real driver saw them:\n  " + "\n  ".join(f"{f} ({broken.get(f, ('?',))[0]}): {why}"
-                                                        for f, why in {**refused, **res["device_refused"]}.items()))
+    print(
+        "\nrefused before the real driver saw them:\n  "
+        + "\n  ".join(
+            f"{f} ({broken.get(f, ('?',))[0]}): {why}" for f, why in {**refused, **res["device_refused"]}.items()
+        )
+    )
     assert set(refused) == set(broken) and not res["device_refused"], (refused, res["device_refused"], broken)
     wrong = {f: why for f, why in refused.items() if broken[f][1] not in why}
     assert not wrong, f"refused for another reason than expected: {wrong}"
@@ -821,7 +828,9 @@ def new_paths_table(dev):
 
     root = os.environ.get(new_paths.ENV)
     if not root:
-        pytest.skip(f"{new_paths.ENV} is not set: build the new-path variants with tests/helpers/new_paths.py (needs cutlass)")
+        pytest.skip(
+            f"{new_paths.ENV} is not set: build the new-path variants with tests/helpers/new_paths.py (needs cutlass)"
+        )
     table = loader.load_dir(Path(root) / dev.arch, torch.cuda.current_device())
     assert table.library.error is None and not table.library.refused and not table.refused, table.library.problems()
     return table, new_paths.cases()
@@ -837,7 +846,7 @@ def _launch_guarded(rec, x, w, extra, m, n):
     poison_(buf[: m * n])
     driver.launch(rec, x.data_ptr(), w.data_ptr(), buf.data_ptr(), ptr(extra), stream())
     torch.cuda.synchronize()
-    return buf[: m * n].view(m, n), bool((buf[m * n:] == 12352.0).all())
+    return buf[: m * n].view(m, n), bool((buf[m * n :] == 12352.0).all())
 
 
 def test_new_paths_eager_against_float64(new_paths_table):
@@ -923,7 +932,7 @@ def test_new_paths_dispatch_eager_and_graph_replay(new_paths_table, dev, monkeyp
         else:
             bias, res = None, random_tensor((m, n), "cuda", generator=gen)
         assert ops.plan(xs, w, res, bias) is table.table[(n, k, m)], why
-        added = (bias.expand(m, n) if bias is not None else res)
+        added = bias.expand(m, n) if bias is not None else res
         poison_allocator((m, n), "cuda")
         y = skinny_gemm.linear(xs, w, bias, res)
         torch.cuda.synchronize()

@@ -89,7 +89,7 @@ def own_functions(ordinal):
     return {id(f) for f in loader.DEVICES[ordinal].functions.values()}
 '''
 
-RANKS = '''
+RANKS = """
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -135,9 +135,9 @@ if __name__ == "__main__":
     world = torch.cuda.device_count()
     mp.spawn(worker, args=(world, port, out), nprocs=world, join=True)
     print(json.dumps({"world": world}))
-'''
+"""
 
-ONE_PROCESS = '''
+ONE_PROCESS = """
 from skinny_gemm.runtime import diagnostics
 
 world = torch.cuda.device_count()
@@ -179,12 +179,18 @@ for d, launches in seen.items():
 report = diagnostics.env_report()
 print(json.dumps({"world": world, "caps": sorted(caps), "unbound_at_load": unbound,
                   "gpus_in_env": [f"GPU {i}:" in report for i in range(world)], "env": report}))
-'''
+"""
 
 
 def _run(script: str, *args, timeout=400) -> dict:
-    out = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=timeout,
-                         check=False, env=dict(os.environ))
+    out = subprocess.run(
+        [sys.executable, script, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=dict(os.environ),
+    )
     assert out.returncode == 0, f"{script} failed:\n{out.stdout}\n{out.stderr}"
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -23,10 +23,22 @@ BATCHES = (1, 2, 4, 8, 16)
 # Llama-3.1-8B's shapes, two layers: qkv (6144, 4096), o (4096, 4096), gate_up (28672, 4096),
 # down (4096, 14336), lm_head (128256, 4096).
 LLAMA_2_LAYERS = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-    "vocab_size": 128256, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-    "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 1,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
     "eos_token_id": 2,
 }
 # Our kernels round like cuBLAS (one bf16 rounding of an fp32 sum) but sum in another order: each projection
@@ -50,13 +62,23 @@ def _engine(tmp: Path, name: str, env_changes: dict) -> dict:
         spec.loader.exec_module(helper)
         helper.make_site(site, with_skinny_gemm=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SKINNY_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_ALLOW_INSECURE_SERIALIZATION="1",
-               VLLM_CACHE_ROOT=str(tmp / f"cache-{name}"), **env_changes)
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        VLLM_ALLOW_INSECURE_SERIALIZATION="1",
+        VLLM_CACHE_ROOT=str(tmp / f"cache-{name}"),
+        **env_changes,
+    )
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     out = tmp / f"{name}.json"
-    proc = subprocess.run([sys.executable, str(HELPERS / "vllm_gpu_engine.py"), str(model), str(out)], env=env,
-                          capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(HELPERS / "vllm_gpu_engine.py"), str(model), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, f"engine {name} failed:\n{(proc.stdout + proc.stderr)[-6000:]}"
     return json.loads(out.read_text())
 
@@ -89,7 +111,8 @@ def test_logprobs_with_the_plugin_stay_within_the_bound(arms):
     for batch in map(str, BATCHES):
         for off, on in zip(arms["off"]["runs"][batch], arms["on"]["runs"][batch]):
             for step, (t_off, t_on, l_off, l_on) in enumerate(
-                    zip(off["tokens"], on["tokens"], off["logprobs"], on["logprobs"])):
+                zip(off["tokens"], on["tokens"], off["logprobs"], on["logprobs"])
+            ):
                 worst = max(worst, abs(l_off - l_on))
                 decode_steps += step > 0
                 if t_off != t_on:

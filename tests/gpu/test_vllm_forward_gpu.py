@@ -135,8 +135,9 @@ def test_compiled_route_launches_the_plan_under_graph_replay_and_counts_it(fallb
     for (n, k), ms in _planned_shapes()[:3]:
         w = random_tensor((n, k), "cuda", 0.05, generator=gen)
         layer, method = _routed_layer(w, ms)
-        compiled = torch.compile(lambda x, layer=layer, method=method: method.apply(layer, x), backend=backend,
-                                 dynamic=True, fullgraph=True)
+        compiled = torch.compile(
+            lambda x, layer=layer, method=method: method.apply(layer, x), backend=backend, dynamic=True, fullgraph=True
+        )
         for m in sorted(ms):
             static_x = random_tensor((m, k), "cuda", generator=gen)
             compiled(static_x)  # compiles and warms up before capture, as vLLM does

@@ -165,27 +165,45 @@ VARIANT_DAMAGE = {
     "block a number": (lambda d, v: _edit(d, _variant_edit("block", 128)), "field 'block' is"),
     "huge size": (lambda d, v: _edit(d, _variant_edit("size", 10**30)), "field 'size' is"),
     "config a list": (lambda d, v: _edit(d, _variant_edit("config", [1, 2])), "field 'config' is"),
-    "cluster contradicts": (lambda d, v: _edit(d, lambda m: m["variants"][0]["grid"].update(cluster=contradicting_cluster(m["variants"][0]))),
-                            "contradicts its config"),
+    "cluster contradicts": (
+        lambda d, v: _edit(
+            d, lambda m: m["variants"][0]["grid"].update(cluster=contradicting_cluster(m["variants"][0]))
+        ),
+        "contradicts its config",
+    ),
     "dynamic smem contradicts": (lambda d, v: _edit(d, _variant_edit("dynamic_smem", 4096)), "contradicts its config"),
 }
 # Manifest damage: name -> (what it does to <arch>/, a phrase the refusal holds). Each refuses that manifest
 # (that arch) only, with one line naming manifest.json.
 MANIFEST_DAMAGE = {
     "not json": (lambda d: (d / MANIFEST_NAME).write_text("{not json"), "unreadable manifest"),
-    "Infinity": (lambda d: (d / MANIFEST_NAME).write_text(
-        (d / MANIFEST_NAME).read_text().replace('"schema": 1', '"schema": 1, "x": Infinity')), "not a JSON number"),
-    "deep nesting": (lambda d: (d / MANIFEST_NAME).write_text(
-        (d / MANIFEST_NAME).read_text()[:-2] + ', "x": ' + "[" * 100000 + "]" * 100000 + "}\n"), "nested too deeply"),
+    "Infinity": (
+        lambda d: (d / MANIFEST_NAME).write_text(
+            (d / MANIFEST_NAME).read_text().replace('"schema": 1', '"schema": 1, "x": Infinity')
+        ),
+        "not a JSON number",
+    ),
+    "deep nesting": (
+        lambda d: (d / MANIFEST_NAME).write_text(
+            (d / MANIFEST_NAME).read_text()[:-2] + ', "x": ' + "[" * 100000 + "]" * 100000 + "}\n"
+        ),
+        "nested too deeply",
+    ),
     "schema a float": (lambda d: _edit(d, lambda m: m.update(schema=1.0)), "manifest schema 1.0"),
     "version a number": (lambda d: _edit(d, lambda m: m.update(package_version=1)), "field 'package_version' is"),
     "variants a string": (lambda d: _edit(d, lambda m: m.update(variants="all")), "field 'variants' is"),
-    "plan n a float": (lambda d: _edit(d, lambda m: m["plans"][0].update(n=float(m["plans"][0]["n"]))),
-                       "plans[0] field 'n' is"),
-    "file ../": (lambda d: _edit(d, lambda m: m["variants"][0].update(file="../" + m["variants"][0]["file"])),
-                 "a plain printable file name inside the artifact folder"),
-    "file absolute": (lambda d: _edit(d, lambda m: m["variants"][0].update(file=str(d / m["variants"][0]["file"]))),
-                      "a plain printable file name inside the artifact folder"),
+    "plan n a float": (
+        lambda d: _edit(d, lambda m: m["plans"][0].update(n=float(m["plans"][0]["n"]))),
+        "plans[0] field 'n' is",
+    ),
+    "file ../": (
+        lambda d: _edit(d, lambda m: m["variants"][0].update(file="../" + m["variants"][0]["file"])),
+        "a plain printable file name inside the artifact folder",
+    ),
+    "file absolute": (
+        lambda d: _edit(d, lambda m: m["variants"][0].update(file=str(d / m["variants"][0]["file"]))),
+        "a plain printable file name inside the artifact folder",
+    ),
     "abi differs": (lambda d: _edit(d, lambda m: m["abi"]["params"][5].__setitem__(1, 40)), "parameter ABI"),
     "toolchain a string": (lambda d: _edit(d, lambda m: m.update(toolchain="nvcc")), "field 'toolchain' is"),
     "manifest a fifo": (lambda d: ((d / MANIFEST_NAME).unlink(), os.mkfifo(d / MANIFEST_NAME)), "a FIFO"),

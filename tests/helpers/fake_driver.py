@@ -164,8 +164,12 @@ class FakeDriver:
         assert extra == 0
         cluster = int(self._real.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
         attrs = [
-            (int(a.id), (a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z) if int(a.id) == cluster
-             else a.value.programmaticStreamSerializationAllowed)
+            (
+                int(a.id),
+                (a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z)
+                if int(a.id) == cluster
+                else a.value.programmaticStreamSerializationAllowed,
+            )
             for a in config.attrs[: config.numAttrs]
         ]
         grid = (config.gridDimX, config.gridDimY, config.gridDimZ)

@@ -75,7 +75,7 @@ def _simt(cfg, n, k, cta, reads, counts, stored):
         for j, k0 in terms:
             col = col0 + j
             if col < n:
-                counts[:, col, k0:k0 + VEC] += 1
+                counts[:, col, k0 : k0 + VEC] += 1
         if kt == 0:
             for j in range(COLS):
                 if col0 + j < n or not cfg.tail:
@@ -123,7 +123,7 @@ def _mma(cfg, n, k, cta, reads, counts, stored):
                         if row < n:
                             for kp in a_ks:
                                 if kp is not None:
-                                    counts[tok, row, kp:kp + 8] += 1
+                                    counts[tok, row, kp : kp + 8] += 1
         if wk == 0:
             for col in range(cfg.cols):
                 if row0 + col < n or not cfg.tail:

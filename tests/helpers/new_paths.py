@@ -32,8 +32,9 @@ def build(arch: str, out_root: Path, cache_dir: Path | None = None) -> Path:
     got = cases()
     mapping = [{"n": n, "k": k, "m": cfg.m, "variant": cfg.name} for _, n, k, cfg in got]
     out = Path(out_root) / arch
-    aot_build.build_configs(arch, [cfg for *_, cfg in got], mapping, out, CASES_FILE, cache_dir=cache_dir,
-                            progress=False)
+    aot_build.build_configs(
+        arch, [cfg for *_, cfg in got], mapping, out, CASES_FILE, cache_dir=cache_dir, progress=False
+    )
     return out
 
 

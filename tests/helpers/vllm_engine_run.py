@@ -128,8 +128,7 @@ def main() -> None:
         seed=0,
     )
     params = [
-        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False, logprobs=0)
-        for n in MAX_TOKENS
+        SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False, logprobs=0) for n in MAX_TOKENS
     ]
 
     def generate(prompts=PROMPTS, params=params):

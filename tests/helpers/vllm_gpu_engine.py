@@ -20,18 +20,30 @@ def main() -> None:
     model_dir, out = sys.argv[1], sys.argv[2]
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16", seed=0,
-              max_model_len=128, max_num_seqs=max(BATCHES), gpu_memory_utilization=0.3,
-              enable_prefix_caching=False, enforce_eager=os.environ.get("SKINNY_TEST_EAGER") == "1")
+    llm = LLM(
+        model=model_dir,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        dtype="bfloat16",
+        seed=0,
+        max_model_len=128,
+        max_num_seqs=max(BATCHES),
+        gpu_memory_utilization=0.3,
+        enable_prefix_caching=False,
+        enforce_eager=os.environ.get("SKINNY_TEST_EAGER") == "1",
+    )
     params = SamplingParams(temperature=0.0, max_tokens=DECODE, ignore_eos=True, detokenize=False, logprobs=0)
     runs = {}
     for batch in BATCHES:
-        prompts = [{"prompt_token_ids": [(11 + 37 * i + 7 * j) % 5000 + 3 for j in range(PROMPT_LEN)]}
-                   for i in range(batch)]
+        prompts = [
+            {"prompt_token_ids": [(11 + 37 * i + 7 * j) % 5000 + 3 for j in range(PROMPT_LEN)]} for i in range(batch)
+        ]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         runs[str(batch)] = [
-            {"tokens": list(o.outputs[0].token_ids),
-             "logprobs": [step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)]}
+            {
+                "tokens": list(o.outputs[0].token_ids),
+                "logprobs": [step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)],
+            }
             for o in outputs
         ]
     result = {"runs": runs, "counters": None, "routes": []}
@@ -41,8 +53,10 @@ def main() -> None:
 
         result["counters"] = skinny_gemm.counters()
         result["routes"] = llm.apply_model(
-            lambda model: sorted({(m.n, m.k, tuple(sorted(m.ms))) for _, m in
-                                  vllm_routes.layer_matches(model).values() if m.routed}))[0]
+            lambda model: sorted(
+                {(m.n, m.k, tuple(sorted(m.ms))) for _, m in vllm_routes.layer_matches(model).values() if m.routed}
+            )
+        )[0]
     Path(out).write_text(json.dumps(result))
 
 

@@ -28,8 +28,17 @@ class _Group(SimpleNamespace):
     def __init__(self, world_size: int):
         # device_group.size(): the MoE layers read their expert-parallel size there.
         group = SimpleNamespace(size=lambda: world_size)
-        super().__init__(world_size=world_size, rank_in_group=0, rank=0, local_rank=0, ranks=list(range(world_size)),
-                         is_first_rank=True, is_last_rank=True, device_group=group, cpu_group=group)
+        super().__init__(
+            world_size=world_size,
+            rank_in_group=0,
+            rank=0,
+            local_rank=0,
+            ranks=list(range(world_size)),
+            is_first_rank=True,
+            is_last_rank=True,
+            device_group=group,
+            cpu_group=group,
+        )
 
 
 def _fake_groups(tp: int) -> None:
@@ -56,8 +65,7 @@ def build(config: dict, tp: int, folder: Path) -> dict:
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
-    model_config = ModelConfig(model=str(folder), dtype="bfloat16", skip_tokenizer_init=True, max_model_len=256,
-                               seed=0)
+    model_config = ModelConfig(model=str(folder), dtype="bfloat16", skip_tokenizer_init=True, max_model_len=256, seed=0)
     vllm_config = VllmConfig(model_config=model_config, parallel_config=ParallelConfig(tensor_parallel_size=tp))
     _fake_groups(tp)
     model_class, _ = get_model_architecture(model_config)
@@ -70,17 +78,26 @@ def build(config: dict, tp: int, folder: Path) -> dict:
         if isinstance(module, LinearBase | ParallelLMHead) and isinstance(weight, torch.Tensor) and weight.dim() == 2:
             method = getattr(module, "quant_method", None)
             candidate = (type(method) is UnquantizedLinearMethod and not isinstance(module, GateLinear)) or (
-                type(method) is UnquantizedEmbeddingMethod and isinstance(module, ParallelLMHead))
+                type(method) is UnquantizedEmbeddingMethod and isinstance(module, ParallelLMHead)
+            )
             bias = getattr(module, "bias", None)
-            linears[name] = [type(module).__name__, *weight.shape, isinstance(bias, torch.Tensor), candidate,
-                             str(weight.dtype)]
+            linears[name] = [
+                type(module).__name__,
+                *weight.shape,
+                isinstance(bias, torch.Tensor),
+                candidate,
+                str(weight.dtype),
+            ]
     logits, shape = "", None
     processor = getattr(model, "logits_processor", None)
     if processor is not None:
         # The module whose weight the logits processor reads: vLLM passes it at each call; find it by identity.
         head = getattr(model, "lm_head", None)
-        embeds = [n for n, m in model.named_modules() if isinstance(m, VocabParallelEmbedding)
-                  and not isinstance(m, ParallelLMHead)]
+        embeds = [
+            n
+            for n, m in model.named_modules()
+            if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)
+        ]
         logits = "lm_head" if isinstance(head, ParallelLMHead) else (embeds[0] if embeds else "")
         shape = list(model.get_submodule(logits).weight.shape) if logits else None
     return {"linears": linears, "logits": logits, "logits_shape": shape}

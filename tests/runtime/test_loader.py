@@ -136,7 +136,14 @@ def test_launch_packs_the_abi(fresh, art):
     driver_mod.launch(rec, 0x1000, 0x2000, 0x3000, 0, 77)
     driver_mod.launch(rec, 0x1010, 0x2010, 0x3010, 0x4000, 78)
     first, second = fake.launches
-    assert (first["a"], first["w"], first["out"], first["residual"], first["n"], first["k"]) == (0x1000, 0x2000, 0x3000, 0, n, k)
+    assert (first["a"], first["w"], first["out"], first["residual"], first["n"], first["k"]) == (
+        0x1000,
+        0x2000,
+        0x3000,
+        0,
+        n,
+        k,
+    )
     assert (second["a"], second["residual"], second["stream"]) == (0x1010, 0x4000, 78)
     assert first["grid"] == (n // rec.variant.cols_per_cta, 1, 1) and first["block"] == rec.variant.block
     pdl = int(fake.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
@@ -158,9 +165,14 @@ def test_cluster_split_launches_clusters(fresh, art):
     rec = next(r for r in loader.DEVICES[0].table.values() if r.variant.config.kind == "mma")
     cfg = dataclasses.replace(rec.variant.config, split=2, prefetch=False)
     ids = fake.CUlaunchAttributeID
-    pdl, cluster = int(ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION), int(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+    pdl, cluster = (
+        int(ids.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION),
+        int(ids.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION),
+    )
     for with_pdl, attrs in ((True, [(pdl, 1), (cluster, (2, 1, 1))]), (False, [(cluster, (2, 1, 1))])):
-        variant = dataclasses.replace(rec.variant, config=dataclasses.replace(cfg, pdl=with_pdl), cluster=2, pdl=with_pdl)
+        variant = dataclasses.replace(
+            rec.variant, config=dataclasses.replace(cfg, pdl=with_pdl), cluster=2, pdl=with_pdl
+        )
         driver_mod.launch(driver_mod.Launch(variant, rec.function, rec.n, rec.k), 16, 32, 48, 0, 5)
         assert fake.launches[-1]["grid"] == (rec.n // variant.cols_per_cta * 2, 1, 1)
         assert fake.launches[-1]["attrs"] == attrs
@@ -172,7 +184,9 @@ def test_persistent_config_caps_the_grid(fresh, art):
     groups = rec.n // rec.variant.cols_per_cta
     assert groups > 1, "a one-group shape cannot show the cap"
     cfg = dataclasses.replace(rec.variant.config, prefetch=False, early=True, pdl=True, persist=max(groups // 2, 1))
-    driver_mod.launch(driver_mod.Launch(dataclasses.replace(rec.variant, config=cfg), rec.function, rec.n, rec.k), 16, 32, 48, 0, 5)
+    driver_mod.launch(
+        driver_mod.Launch(dataclasses.replace(rec.variant, config=cfg), rec.function, rec.n, rec.k), 16, 32, 48, 0, 5
+    )
     assert fake.launches[-1]["grid"] == (max(groups // 2, 1), 1, 1)
 
 

@@ -150,8 +150,9 @@ def test_huge_cubin_is_refused_without_reading_it(fresh, art, monkeypatch):
     monkeypatch.setattr(artifacts, "CUBIN_CAP", 4096)
     v = first_variant(art)
     lines = loader_lines(fresh)
-    assert any(line.startswith(str(art / "sm_90a" / v["file"])) and "more than the 4096 allowed" in line
-               for line in lines), lines
+    assert any(
+        line.startswith(str(art / "sm_90a" / v["file"])) and "more than the 4096 allowed" in line for line in lines
+    ), lines
 
 
 def test_override_is_warned_once_printed_and_verified(fresh, art, monkeypatch, capsys):

@@ -19,11 +19,13 @@ SYNTHETIC = 1000
 def synthetic_configs(count: int):
     """``count`` distinct valid SIMT configs (m, threads, k_threads, cols, unroll, flags varied)."""
     found = []
-    space = itertools.product(range(1, 9), (128, 256, 512), (32, 64, 128, 256), (1, 2, 4), (1, 2), (True, False),
-                              (True, False))
+    space = itertools.product(
+        range(1, 9), (128, 256, 512), (32, 64, 128, 256), (1, 2, 4), (1, 2), (True, False), (True, False)
+    )
     for m, threads, kt, cols, unroll, pdl, prefetch in space:
-        cfg = KernelConfig(m=m, threads=threads, k_threads=kt, cols=cols, vec=8, unroll=unroll, pdl=pdl,
-                           prefetch=prefetch)
+        cfg = KernelConfig(
+            m=m, threads=threads, k_threads=kt, cols=cols, vec=8, unroll=unroll, pdl=pdl, prefetch=prefetch
+        )
         try:
             cfg.check(n=4096 * 4, k=4096)
         except ConfigError:
@@ -48,9 +50,16 @@ def add_catalogue(arch_dir, count: int) -> set:
         if i == count:
             break
         n = next(free_n)
-        rec = {**template, "id": cfg.name, "config": cfg.to_json(), "symbol": cfg.symbol, "file": f"{cfg.name}.cubin",
-               "block": [cfg.threads, 1, 1], "pdl": cfg.pdl,
-               "grid": {**template["grid"], "cols_per_cta": cfg.cols_per_cta, "cluster": 1, "persist": 0}}
+        rec = {
+            **template,
+            "id": cfg.name,
+            "config": cfg.to_json(),
+            "symbol": cfg.symbol,
+            "file": f"{cfg.name}.cubin",
+            "block": [cfg.threads, 1, 1],
+            "pdl": cfg.pdl,
+            "grid": {**template["grid"], "cols_per_cta": cfg.cols_per_cta, "cluster": 1, "persist": 0},
+        }
         (arch_dir / rec["file"]).write_bytes(b"\0" * rec["size"])
         data["variants"].append(rec)
         data["plans"].append({"n": n, "k": 4096, "m": cfg.m, "variant": cfg.name})
@@ -83,7 +92,9 @@ def test_load_of_a_thousand_variants_reads_the_manifest_only(fresh, art, monkeyp
     start = time.perf_counter()
     fake = fresh()
     seconds = time.perf_counter() - start
-    print(f"\nload of {len(manifest_of(art)['variants'])} variants: {seconds * 1e3:.1f} ms on this CPU (a figure, not a limit)")
+    print(
+        f"\nload of {len(manifest_of(art)['variants'])} variants: {seconds * 1e3:.1f} ms on this CPU (a figure, not a limit)"
+    )
     assert fake.warnings == [], [str(w.message) for w in fake.warnings]
     assert reads == [(str(arch_dir / MANIFEST_NAME), (arch_dir / MANIFEST_NAME).stat().st_size)]
     assert fake.count("cuLibraryLoadData") == 0 and fake.count("cuKernelGetFunction") == 0

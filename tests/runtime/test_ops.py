@@ -232,8 +232,19 @@ def test_eager_dispatch_launches_with_the_right_arguments(fake_dispatch):
 
 @pytest.mark.parametrize(
     "case",
-    ["misaligned x", "misaligned w", "strided x", "neg x", "fp16", "unplanned m", "residual shape", "residual misaligned",
-     "zero-tensor x", "zero-tensor w", "forward AD"],
+    [
+        "misaligned x",
+        "misaligned w",
+        "strided x",
+        "neg x",
+        "fp16",
+        "unplanned m",
+        "residual shape",
+        "residual misaligned",
+        "zero-tensor x",
+        "zero-tensor w",
+        "forward AD",
+    ],
 )
 def test_eager_dispatch_falls_back(fake_dispatch, case):
     """Each fallback is counted under its (N, K, M) and reason; the control launch under launches."""
@@ -275,10 +286,17 @@ def test_eager_dispatch_falls_back(fake_dispatch, case):
 
 
 FALLBACK_REASON = {
-    "misaligned x": counters.ALIGNMENT, "misaligned w": counters.ALIGNMENT, "strided x": counters.CONTIGUITY,
-    "neg x": counters.CONTIGUITY, "fp16": counters.DTYPE, "unplanned m": counters.NOT_PLANNED,
-    "residual shape": counters.SHAPE, "residual misaligned": counters.ALIGNMENT, "zero-tensor x": counters.ALIGNMENT,
-    "zero-tensor w": counters.ALIGNMENT, "forward AD": counters.AUTOGRAD,
+    "misaligned x": counters.ALIGNMENT,
+    "misaligned w": counters.ALIGNMENT,
+    "strided x": counters.CONTIGUITY,
+    "neg x": counters.CONTIGUITY,
+    "fp16": counters.DTYPE,
+    "unplanned m": counters.NOT_PLANNED,
+    "residual shape": counters.SHAPE,
+    "residual misaligned": counters.ALIGNMENT,
+    "zero-tensor x": counters.ALIGNMENT,
+    "zero-tensor w": counters.ALIGNMENT,
+    "forward AD": counters.AUTOGRAD,
 }
 
 
@@ -352,8 +370,19 @@ def test_bias_runs_a_bias_plan_with_the_bias_as_4th_pointer(bias_dispatch):
 
 @pytest.mark.parametrize(
     "case",
-    ["residual on a bias plan", "bias and residual", "bias on a plain plan", "bias fp32", "bias shape", "bias 2-d",
-     "bias misaligned", "bias strided", "bias neg", "bias grad", "bias not a tensor"],
+    [
+        "residual on a bias plan",
+        "bias and residual",
+        "bias on a plain plan",
+        "bias fp32",
+        "bias shape",
+        "bias 2-d",
+        "bias misaligned",
+        "bias strided",
+        "bias neg",
+        "bias grad",
+        "bias not a tensor",
+    ],
 )
 def test_bias_falls_back(bias_dispatch, case):
     fake, fallbacks = bias_dispatch

@@ -41,8 +41,12 @@ def same(a, b) -> bool:
         return a[1] is b[1]
     x, y = a[1], b[1]
     if isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor):
-        return x.shape == y.shape and x.dtype == y.dtype and torch.equal(x.isnan(), y.isnan()) and torch.equal(
-            x.nan_to_num(), y.nan_to_num())
+        return (
+            x.shape == y.shape
+            and x.dtype == y.dtype
+            and torch.equal(x.isnan(), y.isnan())
+            and torch.equal(x.nan_to_num(), y.nan_to_num())
+        )
     return type(x) is type(y) and x == y
 
 
@@ -61,10 +65,16 @@ def random_args(rng: random.Random):
         return t.to(dt)
 
     x = tensor((*lead, k if rng.random() < 0.85 else k + 1)) if rng.random() < 0.9 else rng.choice(NOT_TENSORS)
-    w = tensor((n, k) if rng.random() < 0.85 else rng.choice([(n,), (n, k, 1), (k, n)])) if rng.random() < 0.9 \
+    w = (
+        tensor((n, k) if rng.random() < 0.85 else rng.choice([(n,), (n, k, 1), (k, n)]))
+        if rng.random() < 0.9
         else rng.choice(NOT_TENSORS)
-    b = None if rng.random() < 0.6 else (tensor((n,) if rng.random() < 0.8 else (n + 1,)) if rng.random() < 0.9
-                                         else rng.choice(NOT_TENSORS[1:]))
+    )
+    b = (
+        None
+        if rng.random() < 0.6
+        else (tensor((n,) if rng.random() < 0.8 else (n + 1,)) if rng.random() < 0.9 else rng.choice(NOT_TENSORS[1:]))
+    )
     r_shape = (*lead, n) if rng.random() < 0.7 else rng.choice([(n,), (1, n), (n + 1,)])
     r = None if rng.random() < 0.4 else (tensor(r_shape) if rng.random() < 0.75 else rng.choice(NOT_TENSORS[1:]))
     return x, w, b, r

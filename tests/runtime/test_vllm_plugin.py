@@ -120,8 +120,7 @@ def test_routed_apply_sends_planned_m_with_or_without_bias_to_skinny_gemm(linear
 def fresh_calls(monkeypatch):
     """What the dispatch counted in the test, with the CPU as a GPU whose plans are the test layers' (64, 32) at
     M = 1, 2 and (256, 128), (1024, 128), (384, 128) as in the summary test (helpers/vllm_test_plans.py)."""
-    vllm_test_plans.cpu_as_gpu({(64, 32): (1, 2), (256, 128): (1, 2), (1024, 128): (1,), (384, 128): (4,)},
-                               monkeypatch)
+    vllm_test_plans.cpu_as_gpu({(64, 32): (1, 2), (256, 128): (1, 2), (1024, 128): (1,), (384, 128): (4,)}, monkeypatch)
 
     def launched():
         return {(n, k, m): c for n, k, m, c in counters.snapshot()["launches"]}
@@ -440,7 +439,8 @@ def test_a_missing_vllm_name_is_said_in_one_line_and_the_plugin_stays_off(monkey
     (record,) = caplog.records
     assert record.getMessage() == (
         f"{LOG_PREFIX} this vLLM has no vllm.v1.worker.gpu_worker.Worker.compile_or_warm_up_model: the plugin stays "
-        "off (nothing routed); tested with vLLM 0.26 (GPU) and 0.32 (CPU)")
+        "off (nothing routed); tested with vLLM 0.26 (GPU) and 0.32 (CPU)"
+    )
     # The routing hook of a layer with a planned shape then routes nothing.
     method = _Method()
     layer = torch.nn.Module()
@@ -473,8 +473,9 @@ def test_plugin_in_a_process_that_loads_no_model_imports_only_its_runtime():
     def run(plugins: str) -> tuple[list[str], float]:
         env = {**os.environ, "PYTHONPATH": str(site), "VLLM_PLUGINS": plugins}
         env.pop(vllm_plugin.ENV_SWITCH, None)
-        lines = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                               timeout=300, check=True).stdout.splitlines()
+        lines = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=True
+        ).stdout.splitlines()
         return lines[-2].split(), float(lines[-1])
 
     import tempfile
@@ -482,7 +483,9 @@ def test_plugin_in_a_process_that_loads_no_model_imports_only_its_runtime():
     with tempfile.TemporaryDirectory() as tmp:
         site = helper.make_site(Path(tmp) / "site", with_test_plugin=False)
         (added, with_plugin), (none_added, without) = run("skinny_gemm"), run("none")
-    print(f"\nload_general_plugins: {with_plugin:.3f} s with the plugin, {without:.3f} s without (a figure, not a limit)")
+    print(
+        f"\nload_general_plugins: {with_plugin:.3f} s with the plugin, {without:.3f} s without (a figure, not a limit)"
+    )
     assert none_added == [], none_added
     assert "skinny_gemm.runtime.vllm_plugin" in added, "the control: the plugin was loaded"
     own = ("skinny_gemm.runtime", "skinny_gemm.kernels.config")
@@ -511,8 +514,15 @@ def _load_helper():
 
 
 def _engine(tmp: Path, name: str, site: Path, model: Path, env_changes: dict, plans: dict, biased=()) -> dict:
-    ours = ("SKINNY_GEMM_VLLM", "VLLM_PLUGINS", "SKINNY_GEMM_TEST_PLANS", "SKINNY_TEST_COMPILE", "SKINNY_TEST_TP",
-            "SKINNY_TEST_CONTROLS", vllm_test_plans.ENV_SABOTAGES)
+    ours = (
+        "SKINNY_GEMM_VLLM",
+        "VLLM_PLUGINS",
+        "SKINNY_GEMM_TEST_PLANS",
+        "SKINNY_TEST_COMPILE",
+        "SKINNY_TEST_TP",
+        "SKINNY_TEST_CONTROLS",
+        vllm_test_plans.ENV_SABOTAGES,
+    )
     env = {k: v for k, v in os.environ.items() if k not in ours}
     env.update(
         PYTHONPATH=str(site),
@@ -578,22 +588,34 @@ SABOTAGES = {
     "on": {
         "noise-m1": ["check_greedy_tokens_and_logprobs_identical_with_plugin", "check_batches_identical_with_plugin"],
         "noise-m4": ["check_batches_identical_with_plugin"],
-        "bias-dropped": ["check_greedy_tokens_and_logprobs_identical_with_plugin",
-                         "check_batches_identical_with_plugin"],
-        "zeroed-column": ["check_greedy_tokens_and_logprobs_identical_with_plugin",
-                          "check_batches_identical_with_plugin"],
+        "bias-dropped": [
+            "check_greedy_tokens_and_logprobs_identical_with_plugin",
+            "check_batches_identical_with_plugin",
+        ],
+        "zeroed-column": [
+            "check_greedy_tokens_and_logprobs_identical_with_plugin",
+            "check_batches_identical_with_plugin",
+        ],
         "thrown-away": ["check_negative_controls_change_the_output"],
     },
     "on_compiled": {
         "noise-m8": ["check_batches_identical_with_plugin"],
         "noise-m16": ["check_batches_identical_with_plugin"],
-        "bias-dropped": ["check_greedy_tokens_and_logprobs_identical_with_plugin",
-                         "check_batches_identical_with_plugin"],
-        "compiled-only": ["check_greedy_tokens_and_logprobs_identical_with_plugin",
-                          "check_batches_identical_with_plugin"],
+        "bias-dropped": [
+            "check_greedy_tokens_and_logprobs_identical_with_plugin",
+            "check_batches_identical_with_plugin",
+        ],
+        "compiled-only": [
+            "check_greedy_tokens_and_logprobs_identical_with_plugin",
+            "check_batches_identical_with_plugin",
+        ],
     },
-    "tp2_compiled": {"compiled-rank1": ["check_greedy_tokens_and_logprobs_identical_with_plugin",
-                                        "check_batches_identical_with_plugin"]},
+    "tp2_compiled": {
+        "compiled-rank1": [
+            "check_greedy_tokens_and_logprobs_identical_with_plugin",
+            "check_batches_identical_with_plugin",
+        ]
+    },
 }
 SABOTAGE_CONTROLS = {"thrown-away": [[n, k, 4] for n, k in TEST_PLANS]}
 
@@ -631,8 +653,9 @@ CONFIGS = {
     "off": Config("qwen2", compiled=True, plugin="off"),
     "tp2": Config("llama", tp=2, reference="tp2_off", controls=_batch_controls(TP2_PLANS, (2, 8))),
     "tp2_off": Config("llama", tp=2, plugin="off"),
-    "tp2_compiled": Config("qwen2", tp=2, compiled=True, reference="tp2_off_compiled",
-                           controls=_batch_controls(TP2_PLANS, (4, 16))),
+    "tp2_compiled": Config(
+        "qwen2", tp=2, compiled=True, reference="tp2_off_compiled", controls=_batch_controls(TP2_PLANS, (4, 16))
+    ),
     "tp2_off_compiled": Config("qwen2", tp=2, compiled=True, plugin="off"),
 }
 ROUTED_RUNS = [name for name, config in CONFIGS.items() if config.plugin == "on"]
@@ -672,8 +695,9 @@ class Engines:
         if sabotages:
             env[vllm_test_plans.ENV_SABOTAGES] = json.dumps([[s, SABOTAGE_CONTROLS.get(s, [])] for s in sabotages])
         env.update(extra_env or {})
-        result = _engine(self.tmp, name, self.sites[config.plugin], self.models[config.model], env, config.plans,
-                         config.biased)
+        result = _engine(
+            self.tmp, name, self.sites[config.plugin], self.models[config.model], env, config.plans, config.biased
+        )
         result["exit_counts"] = {
             int(p.stem.rsplit("-", 1)[1]): json.loads(p.read_text()) for p in self.tmp.glob(f"counters-{name}-*.json")
         }
@@ -759,8 +783,9 @@ def check_batches_launch_at_their_m_on_every_rank(runs, run):
         assert fell == [], f"routed layers fell back at a planned M: {fell}"
         # The summary line read on demand names the same totals, at M = 8 and 16 too.
         launches = after["summary"].split("launches (a CUDA graph's counted once, at capture): ", 1)[1].split("; ")[0]
-        said = {(int(n), int(k)): text for n, k, text in re.findall(r"\((\d+), (\d+)\) ((?:M=\d+ x\d+(?:, |$))+)",
-                                                                       launches)}
+        said = {
+            (int(n), int(k)): text for n, k, text in re.findall(r"\((\d+), (\d+)\) ((?:M=\d+ x\d+(?:, |$))+)", launches)
+        }
         totals = {(n, k, m): c for n, k, m, c in after["counters"]["launches"]}
         for n, k in config.plans:
             for m in BATCHES:
