@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..kernels.config import DECODE_MS
 from .report import markdown, plot, plot_decode
 from .served import bench_served, build_served, load_peer
 
@@ -48,7 +49,6 @@ __all__ = [
 ]
 
 SECTIONS = ("entries", "decode", "startup")
-DECODE_MS = (1, 2, 4, 8, 16)
 DEFAULT_MODEL = "glm-5.3-flash"
 
 

@@ -16,7 +16,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from ..kernels.config import MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
+from ..kernels.config import H200_SMS, MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
 
 SPACES_FILE = Path(__file__).resolve().parent.parent / "kernels" / "candidates.json"
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(KernelConfig)}
@@ -128,7 +128,7 @@ def _ctas_within(found: list[KernelConfig], n: int, factor_cap) -> list[KernelCo
 CELL_RULES = {"ctas_within": _ctas_within}
 
 
-def admissible(cfg: KernelConfig, n: int, k: int, rules=(), sms: int = 132) -> bool:
+def admissible(cfg: KernelConfig, n: int, k: int, rules=(), sms: int = H200_SMS) -> bool:
     """The one filter: the config check for this shape, then each named per-config rule of the space."""
     try:
         cfg.check(n=n, k=k)

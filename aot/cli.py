@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..kernels.config import DECODE_MS
 from ..runtime.version import __version__
 
 DESCRIPTION = """\
@@ -197,7 +198,7 @@ def parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "--tp", type=int, nargs="+", help="with --model/--all: only these TP sizes (default: every TP listed)"
     )
-    pl.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="token counts (default 1 2 4 8 16)")
+    pl.add_argument("--m", type=int, nargs="+", default=list(DECODE_MS), help="token counts (default 1 2 4 8 16)")
     pl.add_argument("--out", type=Path, help="write the heuristic plan table here (never into the installed package)")
     pl.add_argument("--force", action="store_true", help="replace an existing plan table")
     pl.set_defaults(func=cmd_plan)

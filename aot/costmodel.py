@@ -23,13 +23,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kernels.config import KernelConfig
+from ..kernels.config import H200_SMS, KernelConfig
 from ..runtime.manifest import dumps
 from .candidates import resident_ctas
 
 TUNING_DIR = Path(__file__).resolve().parent.parent / "kernels" / "plans" / "tuning" / "sm_90a"
 MODEL_FILE = TUNING_DIR / "costmodel.json"
-SMS = 132
+SMS = H200_SMS
 # Ridge strength on standardized features, and the weight decay of a timing by its distance from its cell's best
 # (in log us): of TAU 0.15, 0.3, 0.5 and none, and ridge 1e-3..1, these held out best (model-check).
 RIDGE, TAU = 1e-2, 0.5

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kernels.config import MAX_M, MMA_K_STEP, TAIL_K_GRAIN, ConfigError, KernelConfig
+from ..kernels.config import DECODE_MS, H200_SMS, MAX_M, MMA_K_STEP, TAIL_K_GRAIN, ConfigError, KernelConfig
 from ..runtime.jsonfile import Fields, InputError, printable, read_json
 from ..runtime.manifest import CAPABILITY_FOR_ARCH, config_of, dumps, write_atomic
 
@@ -26,7 +26,7 @@ HEURISTIC_RULE_WIDE = (
     "of steps or CTAs; bias as asked; PDL on. Not measured on any GPU."
 )
 # SMs of the H200 (the seed rule's wave count)
-SMS = 132
+SMS = H200_SMS
 
 
 def decode_order(model: dict, tp: int, arch: str = "sm_90a") -> list[tuple[str, int, int]]:
@@ -323,7 +323,7 @@ def write_heuristic(archs: list[str], shapes_file: Path, out: Path | None, force
 
 
 # The token counts the catalogue is planned for: vLLM's decode graph sizes up to 16 (catalogue.json).
-CATALOGUE_MS = (1, 2, 4, 8, 16)
+CATALOGUE_MS = DECODE_MS
 
 
 @dataclass(frozen=True)

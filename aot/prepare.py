@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..kernels.config import MAX_M, ConfigError, KernelConfig
+from ..kernels.config import DECODE_MS, MAX_M, ConfigError, KernelConfig
 from ..runtime.manifest import dumps
 from . import candidates, costmodel, plans
 from .decode_phase import model_steps, no_pdl_twins, served_steps
@@ -18,7 +18,7 @@ from .decode_phase import model_steps, no_pdl_twins, served_steps
 CELLS_FILE = "cells.json"
 # vLLM's decode CUDA-graph sizes up to 16 (a batch is padded up to one of them); the ones
 # the kernels can run (config.py's MAX_M) may be tuned beyond a seed set's own token counts.
-VLLM_GRAPH_MS = (1, 2, 4, 8, 16)
+VLLM_GRAPH_MS = DECODE_MS
 WIDE_MS = tuple(m for m in VLLM_GRAPH_MS if m <= MAX_M)
 # The H200's measuring rate in `tune measure`, for prepare's estimate: 2902-3307 timings took about 2 minutes per run.
 TIMINGS_PER_S = 27

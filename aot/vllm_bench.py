@@ -31,7 +31,6 @@ import tempfile
 import time
 from pathlib import Path
 
-BATCHES = (1, 2, 4, 8, 16)
 # vLLM architecture and model_type per catalogue family: the dense models a config.json can be made for.
 FAMILIES = {
     "llama": ("LlamaForCausalLM", "llama"),

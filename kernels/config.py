@@ -23,6 +23,11 @@ MAX_STATIC_TRIPS = 64
 # Tokens per call: vLLM pads decode batches to CUDA-graph sizes 1, 2, 4, 8, 16, ...; the mma
 # kernel's A side has 16 rows. The bulk kernel loads one token row per lane (A rows 0..7).
 MAX_M = 16
+# The token counts plans are made, tuned and reported for: vLLM's CUDA-graph decode sizes up to MAX_M
+# (3, 5-7 and 9-15 never reach a projection under graphs).
+DECODE_MS = (1, 2, 4, 8, 16)
+# SMs of the H100 / H200 SXM (sm_90a), the GPU the plans are tuned on: waves and grid sizes count against it.
+H200_SMS = 132
 MAX_M_BULK = 8
 KINDS = ("simt", "mma", "bulk")
 # mma.sync.m16n8k16 with the tokens as its 16-row side (rows >= M are zero): a

@@ -29,6 +29,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..kernels.config import DECODE_MS
 from .artifacts import artifacts_root, open_dir
 from .jsonfile import I32_MAX, Fields, InputError, read_json, show, where
 from .manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME
@@ -37,7 +38,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = PACKAGE_ROOT / "kernels" / "models"
 PLANS_DIR = PACKAGE_ROOT / "kernels" / "plans"
 # vLLM's decode batch sizes up to 16 (its CUDA-graph sizes 1, 2, 4, 8, 16: M=3 arrives as 4).
-MS = (1, 2, 4, 8, 16)
+MS = DECODE_MS
 # vLLM pads the vocabulary to a multiple of 64 before splitting it over ranks.
 VOCAB_PADDING = 64
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "int8": 1, "int4": 0.5, "mxfp4": 0.5}
