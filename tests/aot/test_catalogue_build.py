@@ -22,6 +22,12 @@ def catalogue():
     return cells, entries, reasons
 
 
+@pytest.fixture(scope="module")
+def catalogue_cache(tmp_path_factory):
+    """One compile cache for the module: the first catalogue build compiles from empty, the next reuses it."""
+    return tmp_path_factory.mktemp("catalogue-cache")
+
+
 def test_every_catalogue_cell_gets_an_entry_or_a_reason(catalogue):
     cells, entries, reasons = catalogue
     keys = {(c.n, c.k, c.m) for c in cells}
@@ -58,15 +64,13 @@ def test_biased_cells_ask_for_a_bias_config(catalogue):
             assert getattr(e.config, "bias", False), "a biased layer's entry must add its bias"
 
 
-def test_catalogue_entries_build_and_verify_for_sm90a(catalogue, tree_copy, tmp_path):
+def test_catalogue_entries_build_and_verify_for_sm90a(catalogue, catalogue_cache, tree_copy, tmp_path):
     """Every heuristic entry compiles for sm_90a and the build verifies (hashes, ELF arch, symbols, ABI)."""
     _, entries, _ = catalogue
     plan = tree_copy / "catalogue-sm_90a.json"
     plan.write_text(plans.catalogue_table("sm_90a", entries, "all models"))
     start = time.monotonic()
-    result = build.build(
-        "sm_90a", tmp_path / "out", plan_file=plan, cache_dir=tmp_path / "cache", jobs=2, progress=False
-    )
+    result = build.build("sm_90a", tmp_path / "out", plan_file=plan, cache_dir=catalogue_cache, jobs=2, progress=False)
     print(f"catalogue build: {result.entries} entries, {result.variants} variants in {time.monotonic() - start:.1f} s")
     assert result.entries == len(entries) and result.variants == len({e.config for e in entries})
     archs, problems = verify.verify(tmp_path / "out", tree=tree_copy)
@@ -80,7 +84,7 @@ def test_catalogue_entries_build_and_verify_for_sm90a(catalogue, tree_copy, tmp_
     assert any("sha256 mismatch" in p for p in problems)
 
 
-def test_a_catalogue_build_loads_in_bounded_work(catalogue, tree_copy, tmp_path, fresh, monkeypatch):
+def test_a_catalogue_build_loads_in_bounded_work(catalogue, catalogue_cache, tree_copy, tmp_path, fresh, monkeypatch):
     """Every heuristic entry built (real cubins) and loaded by the runtime (driver faked): the load reads the
     manifest alone and loads nothing into the driver; a first call loads and binds its own variant only."""
     from skinny_gemm.runtime import artifacts, jsonfile, loader
@@ -88,7 +92,7 @@ def test_a_catalogue_build_loads_in_bounded_work(catalogue, tree_copy, tmp_path,
     _, entries, _ = catalogue
     plan = tree_copy / "catalogue-sm_90a.json"
     plan.write_text(plans.catalogue_table("sm_90a", entries, "all models"))
-    build.build("sm_90a", tmp_path / "out", plan_file=plan, cache_dir=tmp_path / "cache", jobs=2, progress=False)
+    build.build("sm_90a", tmp_path / "out", plan_file=plan, cache_dir=catalogue_cache, jobs=2, progress=False)
     monkeypatch.setenv(artifacts.ENV_ARTIFACTS, str(tmp_path / "out"))
     reads = []
     real = artifacts.read_bounded
