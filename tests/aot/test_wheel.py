@@ -21,6 +21,13 @@ TAGS = {"sm_90a": "0sm90a", "sm_121": "0sm121"}
 pytestmark = pytest.mark.slow
 
 
+def pip_wheel(out, archs: str, *settings: str) -> list[str]:
+    """The README's build command for ``archs`` (with this venv's build deps), plus further -C settings."""
+    cmd = [sys.executable, "-m", "pip", "wheel", str(PACKAGE_ROOT), "--no-deps", "--no-build-isolation"]
+    cmd += ["-w", str(out), "-C", f"skinny.archs={archs}"]
+    return cmd + [a for setting in settings for a in ("-C", setting)]
+
+
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory):
     """{arch: wheel path}: from $SKINNY_WHEELS, else built here with the venv's own build deps."""
@@ -31,19 +38,7 @@ def wheels(tmp_path_factory):
         matches = sorted(folder.glob(f"skinny_gemm-*-{tag}-py3-none-any.whl"))
         if not matches and not given:
             subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "wheel",
-                    str(PACKAGE_ROOT),
-                    "--no-deps",
-                    "--no-build-isolation",
-                    "-w",
-                    str(folder),
-                    "-C",
-                    f"skinny.archs={arch}",
-                ],
+                pip_wheel(folder, arch),
                 check=True,
                 capture_output=True,
             )
@@ -137,21 +132,7 @@ def test_wheel_installs_in_fresh_venv_without_cutlass(wheels, tmp_path):
 def test_build_option_is_strict(archs, tmp_path):
     # A space after the comma once built sm_90a alone under a name that promised both.
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            str(PACKAGE_ROOT),
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path),
-            "-C",
-            f"skinny.archs={archs}",
-            "-C",
-            f"build-dir={tmp_path / 'build'}",
-        ],
+        pip_wheel(tmp_path, archs, f"build-dir={tmp_path / 'build'}"),
         capture_output=True,
         text=True,
     )
