@@ -3,7 +3,9 @@ torch.compile and CUDA graphs on (and enforce_eager), decode at batch 1, 2, 4, 8
 
 With the plugin on, every planned (N, K, M) the decode steps run launches our kernel (the dispatch's own
 counters, which count a launch only once every check passed and the driver took it) and none falls back;
-the greedy logprobs stay within LOGPROB_BOUND of the plugin-off engine's (until a near-tie flips a token). Skipped without a GPU or vLLM.
+the greedy logprobs stay within LOGPROB_BOUND of the plugin-off engine's (until a near-tie flips a token). The
+negative control: the same engine with every one of our launches made wrong on the GPU (the helper's sabotage)
+must break that bound. Skipped without a GPU or vLLM.
 """
 
 from __future__ import annotations
@@ -87,7 +89,9 @@ def _engine(tmp: Path, name: str, env_changes: dict) -> dict:
 def arms(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"vllm-gpu-{request.param}")
     mode = {"SKINNY_TEST_EAGER": "1"} if request.param == "eager" else {}
-    return {arm: _engine(tmp, arm, {**mode, "SKINNY_GEMM_VLLM": switch}) for arm, switch in (("off", "0"), ("on", "1"))}
+    arms = (("off", {"SKINNY_GEMM_VLLM": "0"}), ("on", {"SKINNY_GEMM_VLLM": "1"}))
+    arms += (("sabotaged", {"SKINNY_GEMM_VLLM": "1", "SKINNY_TEST_SABOTAGE": "1"}),)
+    return {arm: _engine(tmp, arm, {**mode, **switch}) for arm, switch in arms}
 
 
 def test_every_planned_shape_and_m_launches_our_kernel(arms):
@@ -101,15 +105,11 @@ def test_every_planned_shape_and_m_launches_our_kernel(arms):
     assert not fell, f"fell back at a planned M: {fell}"
 
 
-def test_logprobs_with_the_plugin_stay_within_the_bound(arms):
-    """Step by step until the greedy tokens part: the chosen token's logprob within LOGPROB_BOUND. Random weights
-    over a 128256-token vocabulary make near-ties common, so a greedy token may flip (then the sequences differ
-    and are compared no further); at that step both arms' chosen (top) logprobs must still be within the bound,
-    which a wrong kernel does not meet. Token 1 comes from the prefill (no plan at that M): from token 2 on, each
-    is a decode step at M = batch."""
+def _worst_logprob_difference(off_runs: dict, on_runs: dict) -> tuple[float, int]:
+    """The largest chosen-token logprob difference, step by step until the greedy tokens part; decode steps seen."""
     worst, decode_steps = 0.0, 0
     for batch in map(str, BATCHES):
-        for off, on in zip(arms["off"]["runs"][batch], arms["on"]["runs"][batch]):
+        for off, on in zip(off_runs[batch], on_runs[batch]):
             for step, (t_off, t_on, l_off, l_on) in enumerate(
                 zip(off["tokens"], on["tokens"], off["logprobs"], on["logprobs"])
             ):
@@ -117,6 +117,30 @@ def test_logprobs_with_the_plugin_stay_within_the_bound(arms):
                 decode_steps += step > 0
                 if t_off != t_on:
                     break
+    return worst, decode_steps
+
+
+def test_logprobs_with_the_plugin_stay_within_the_bound(arms):
+    """Step by step until the greedy tokens part: the chosen token's logprob within LOGPROB_BOUND. Random weights
+    over a 128256-token vocabulary make near-ties common, so a greedy token may flip (then the sequences differ
+    and are compared no further); at that step both arms' chosen (top) logprobs must still be within the bound,
+    which a wrong kernel does not meet. Token 1 comes from the prefill (no plan at that M): from token 2 on, each
+    is a decode step at M = batch."""
+    worst, decode_steps = _worst_logprob_difference(arms["off"]["runs"], arms["on"]["runs"])
     print(f"\nlogprobs, plugin on vs off: max difference {worst:.4f} over {decode_steps} decode steps")
     assert decode_steps >= sum(BATCHES), "fewer decode steps compared than requests"
     assert worst <= LOGPROB_BOUND, f"logprob moved by {worst} (bound {LOGPROB_BOUND})"
+
+
+def test_negative_control_a_wrong_kernel_result_breaks_the_bound(arms):
+    """The check above can fail: with every launch of ours doubled on the GPU the logprobs leave the bound, and the
+    tokens part, at every batch size (so each M class, 1-4 and 8-16, is judged by a wrong kernel)."""
+    bad = arms["sabotaged"]
+    launched = {m for _, _, m, c in bad["counters"]["launches"] if c > 0}
+    assert set(BATCHES) <= launched, f"the sabotaged engine launched ours only at M = {sorted(launched)}"
+    worst, _ = _worst_logprob_difference(arms["off"]["runs"], bad["runs"])
+    print(f"\nlogprobs, sabotaged vs off: max difference {worst:.4f}")
+    assert worst > LOGPROB_BOUND, f"a doubled projection moved a logprob by only {worst} (bound {LOGPROB_BOUND})"
+    for batch in map(str, BATCHES):
+        same = [off["tokens"] == on["tokens"] for off, on in zip(arms["off"]["runs"][batch], bad["runs"][batch])]
+        assert not all(same), f"batch {batch}: every sequence identical with a wrong kernel"

@@ -3,7 +3,10 @@ greedy tokens and logprobs at batch sizes 1, 2, 4, 8, 16 and what skinny-gemm la
 
 Used by tests/gpu/test_vllm_engine_gpu.py as a script in a subprocess, the engine in that process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the counters read here are the model's.
-argv: model folder, output JSON path; SKINNY_TEST_EAGER=1 for enforce_eager.
+argv: model folder, output JSON path; SKINNY_TEST_EAGER=1 for enforce_eager; SKINNY_TEST_SABOTAGE=1 for the
+negative control: every launch of our kernels is followed by a second launch of the same cubin with the output
+as its residual (4th pointer), so the real kernel leaves twice its product (a wrong result made where the work
+is done, on the GPU, inside vLLM's graphs).
 """
 
 import json
@@ -16,9 +19,25 @@ PROMPT_LEN = 16
 DECODE = 8
 
 
+def sabotage() -> None:
+    """Make every launch of ours write a wrong result with the real kernel: a second launch adding the output."""
+    from skinny_gemm.runtime import driver
+
+    real = driver.launch_raw
+
+    def doubled(rec, a, w, out, residual, stream):
+        err = real(rec, a, w, out, residual, stream)
+        return err if int(err) != 0 else real(rec, a, w, out, out, stream)
+
+    driver.launch_raw = doubled
+
+
 def main() -> None:
     model_dir, out = sys.argv[1], sys.argv[2]
     from vllm import LLM, SamplingParams
+
+    if os.environ.get("SKINNY_TEST_SABOTAGE") == "1":
+        sabotage()
 
     llm = LLM(
         model=model_dir,
