@@ -26,25 +26,21 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from ..kernels.config import DECODE_MS
+from . import modelfile, sharding
 from .artifacts import artifacts_root, open_dir
 from .jsonfile import I32_MAX, Fields, InputError, read_json, show, where
 from .manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME
+from .modelfile import CANDIDATE, FAST_PATH, ROUTER, Linear
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-MODELS_DIR = PACKAGE_ROOT / "kernels" / "models"
 PLANS_DIR = PACKAGE_ROOT / "kernels" / "plans"
 # vLLM's decode batch sizes up to 16 (its CUDA-graph sizes 1, 2, 4, 8, 16: M=3 arrives as 4).
 MS = DECODE_MS
-# vLLM pads the vocabulary to a multiple of 64 before splitting it over ranks.
-VOCAB_PADDING = 64
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "int8": 1, "int4": 0.5, "mxfp4": 0.5}
-CANDIDATE = "candidate"
-ROUTER = "router (not a candidate)"
-FAST_PATH = "vllm fast path"
 # Gemma-2's logits: vLLM multiplies by embed_tokens itself (no LM head layer, nothing the plugin sees).
 EMBEDDING_LOGITS = "logits by the embedding (not a candidate)"
 SUMMARY_HINT = "run vLLM with the wheel installed and read its 'skinny-gemm vLLM plugin:' summary line instead"
@@ -216,22 +212,9 @@ class CoverageError(ValueError):
     """Bad input: one line naming the file and the field."""
 
 
-@dataclass(frozen=True)
-class Linear:
-    """One linear layer on one rank: local weight [n, k], called ``calls`` times per decode step."""
-
-    name: str
-    kind: str
-    n: int
-    k: int
-    calls: int
-    dtype: str = "bf16"
-    bias: bool = False
-    plugin: str = CANDIDATE
-
-    @property
-    def bytes_per_step(self) -> float:
-        return self.n * self.k * BYTES_PER_ELEMENT.get(self.dtype, 2) * self.calls
+def bytes_per_step(lin: Linear) -> float:
+    """The weight bytes one decode step reads through this linear (every call)."""
+    return lin.n * lin.k * BYTES_PER_ELEMENT.get(lin.dtype, 2) * lin.calls
 
 
 # ---- models --------------------------------------------------------------------------------------------------------
@@ -292,7 +275,7 @@ def _split(total: int, tp: int, what: str, source: str) -> int:
 
 
 def _head(c: _Fields, tp: int, dtype: str = "bf16", plugin: str = CANDIDATE) -> Linear:
-    vocab = -(-c.int("vocab_size") // VOCAB_PADDING) * VOCAB_PADDING
+    vocab = -(-c.int("vocab_size") // sharding.VOCAB_PAD) * sharding.VOCAB_PAD
     # Tied or not, vLLM 0.32 builds a ParallelLMHead for these families (tie_weights shares the weight), except
     # Gemma-2, whose logits use embed_tokens (``plugin``: EMBEDDING_LOGITS).
     return Linear(
@@ -480,46 +463,17 @@ def derive(config: dict, tp: int, source: str, target: str | None = None) -> tup
 
 
 def catalogue_linears(slug: str, tp: int) -> tuple[str, list[Linear]]:
-    """(display name, per-rank linears) of a catalogue model, from its ``linears``."""
-    path = MODELS_DIR / f"{slug}.json"
-    data = _read_json(path)
-    f = Fields(path, CoverageError)
-    linears = f.obj(f.get(data, "linears"), "field 'linears'")
-    out, tps = [], set()
-    for name, spec in sorted(linears.items()):
-        place = f"linears.{name}"
-        shapes = f.obj(f.obj(spec, place).get("tp", {}), f"{place}.tp")
-        if not all(t.isdigit() for t in shapes):
-            f.fail(f"{place}.tp", sorted(shapes), "TP sizes")
-        tps |= set(shapes)
-        if str(tp) not in shapes:
-            continue
-        shape = shapes[str(tp)]
-        if type(shape) is not list or len(shape) != 2:
-            f.fail(f"{place}.tp.{tp}", shape, "[n, k]")
-        n, k = (f.pos_int(v, f"{place}.tp.{tp}") for v in shape)
-        kind = f.text(spec.get("kind", "lm_head" if name == "lm_head" else "linear"), f"{place}.kind")
-        plugin = f.text(spec.get("plugin", CANDIDATE), f"{place}.plugin")  # a biased layer is a candidate too
-        calls = spec.get("calls_per_step", 0)
-        if type(calls) is not int or not 0 <= calls <= I32_MAX:
-            f.fail(f"{place}.calls_per_step", calls, "an int >= 0")
-        out.append(
-            Linear(
-                name,
-                kind,
-                n,
-                k,
-                calls,
-                f.text(spec.get("dtype", "bf16"), f"{place}.dtype"),
-                f.boolean(spec.get("bias", False), f"{place}.bias"),
-                plugin,
-            )
-        )
+    """(display name, per-rank linears) of a catalogue model, from its ``linears`` (read by runtime/modelfile.py)."""
+    path = modelfile.catalogue_path(slug)
+    try:
+        data = modelfile.load(path)
+    except InputError as exc:
+        raise CoverageError(str(exc)) from None
+    out = modelfile.linears(data, tp)
     if not out:
-        raise CoverageError(
-            f"{path}: no linears at --tp {tp} (the catalogue lists TP {', '.join(sorted(tps, key=int))})"
-        )
-    return f.text(data.get("name", slug), "field 'name'"), out
+        listed = ", ".join(str(t) for t in modelfile.tps(data))
+        raise CoverageError(f"{where(path)}: no linears at --tp {tp} (the catalogue lists TP {listed})")
+    return data["name"], out
 
 
 def _read_json(path: Path) -> dict:
@@ -531,10 +485,6 @@ def _read_json(path: Path) -> dict:
     if type(data) is not dict:
         raise CoverageError(f"{where(path)}: not a JSON object")
     return data
-
-
-def catalogue_slugs() -> list[str]:
-    return sorted(p.stem for p in MODELS_DIR.glob("*.json") if p.stem != "catalogue")
 
 
 # ---- plans ---------------------------------------------------------------------------------------------------------
@@ -595,15 +545,15 @@ def report(model: str, tp: int, arch: str, plan_file: Path | None = None) -> dic
     if os.path.lexists(path):  # whatever it is: the reader refuses a FIFO, a device or a link in one line
         hf_arch, linears = derive(_read_json(path), tp, where(path), arch)
         name, source = hf_arch, where(path)
-    elif (MODELS_DIR / f"{model}.json").is_file() and model != "catalogue":
+    elif model in modelfile.slugs():
         name, linears = catalogue_linears(model, tp)
         source = f"catalogue {model}"
     else:
         raise CoverageError(
-            f"{where(model)}: neither a config.json (or its folder) nor a catalogue model ({', '.join(catalogue_slugs())})"
+            f"{where(model)}: neither a config.json (or its folder) nor a catalogue model ({', '.join(modelfile.slugs())})"
         )
     plans, plans_source = planned(arch, plan_file)
-    total = sum(lin.bytes_per_step for lin in linears)
+    total = sum(bytes_per_step(lin) for lin in linears)
     rows, covered = [], dict.fromkeys(MS, 0.0)
     for lin in linears:
         shape_plans = plans.get((lin.n, lin.k), {})
@@ -611,11 +561,11 @@ def report(model: str, tp: int, arch: str, plan_file: Path | None = None) -> dic
         # A biased layer is routed, but runs a plan only where the plan adds a bias; elsewhere F.linear.
         routed = [m for m in MS if m in shape_plans and _routable(lin) and (shape_plans[m] or not lin.bias)]
         for m in routed:
-            covered[m] += lin.bytes_per_step
+            covered[m] += bytes_per_step(lin)
         rows.append(
             {
                 **asdict(lin),
-                "bytes_per_step": lin.bytes_per_step,
+                "bytes_per_step": bytes_per_step(lin),
                 "planned_ms": ms,
                 "routed_ms": routed,
                 "status": _status(lin, ms, routed),
@@ -676,7 +626,7 @@ def markdown(data: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model",
-        help="a Hugging Face config.json (or its folder), or a catalogue model: " + ", ".join(catalogue_slugs()),
+        help="a Hugging Face config.json (or its folder), or a catalogue model: " + ", ".join(modelfile.slugs()),
     )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     p.add_argument(

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from skinny_gemm.runtime import coverage
+from skinny_gemm.runtime import coverage, modelfile
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "helpers" / "hf_configs"
@@ -68,7 +68,7 @@ def test_mla_bf16_fused_a_proj_is_vllms_own_kernel_on_sm90():
         name: [*spec["tp"]["8"], spec["calls_per_step"], spec["plugin"]] for name, spec in catalogue.items()
     }
     _, on_gb10 = coverage.derive(config, 8, "kimi", target="sm_121")
-    assert {lin.name: lin.plugin for lin in on_gb10}["fused_qkv_a_proj"] == coverage.CANDIDATE
+    assert {lin.name: lin.plugin for lin in on_gb10}["fused_qkv_a_proj"] == modelfile.CANDIDATE
 
 
 def test_dense_table(capsys):
@@ -246,17 +246,17 @@ def test_biased_layer_is_covered_only_by_a_plan_that_adds_the_bias(tmp_path, cap
 def test_catalogue_plugin_values_are_the_ones_coverage_knows():
     """`plugin` says only whether vLLM's plugin may route a layer: a biased layer and a tied LM head (a
     ParallelLMHead sharing embed_tokens' weight in vLLM 0.32) are candidates; routers and vLLM's fast path not."""
-    known = {coverage.CANDIDATE, coverage.ROUTER, coverage.FAST_PATH}
+    known = {modelfile.CANDIDATE, modelfile.ROUTER, modelfile.FAST_PATH}
     biased = []
     for path in sorted(MODELS.glob("*.json")):
         for name, spec in json.loads(path.read_text()).get("linears", {}).items():
-            assert spec.get("plugin", coverage.CANDIDATE) in known, (path.name, name, spec.get("plugin"))
+            assert spec.get("plugin", modelfile.CANDIDATE) in known, (path.name, name, spec.get("plugin"))
             if spec.get("bias") and spec.get("kind") != "router":
                 biased.append((path.stem, name, spec["plugin"]))
-    assert biased and {plugin for *_, plugin in biased} == {coverage.CANDIDATE}, biased
+    assert biased and {plugin for *_, plugin in biased} == {modelfile.CANDIDATE}, biased
     _, linears = coverage.catalogue_linears("gemma-3-27b", 1)
     (head,) = [lin for lin in linears if lin.name == "lm_head"]
-    assert (head.kind, head.plugin, coverage._status(head, [1], [1])) == ("lm_head", coverage.CANDIDATE, "routed")
+    assert (head.kind, head.plugin, coverage._status(head, [1], [1])) == ("lm_head", modelfile.CANDIDATE, "routed")
 
 
 # ---- against vLLM's own layers ------------------------------------------------------------------------------------
@@ -333,7 +333,7 @@ def _coverage_layers(linears, layers: int) -> Counter:
     for lin in linears:
         # kv_b_proj is built in every MLA layer but called by prefill only (calls = 0).
         built = lin.calls or layers
-        found[(lin.n, lin.k, lin.bias, lin.dtype, lin.plugin == coverage.CANDIDATE)] += built
+        found[(lin.n, lin.k, lin.bias, lin.dtype, lin.plugin == modelfile.CANDIDATE)] += built
     return found
 
 
