@@ -268,19 +268,20 @@ class _Fields:
         return self.data.get(key, default)
 
 
-def _split(total: int, tp: int, what: str, source: str) -> int:
-    if total % tp:
-        raise CoverageError(f"{source}: {what} {total} does not split over --tp {tp}")
-    return total // tp
+def _shape(c: _Fields, name: str, tp: int, **facts) -> tuple[int, int]:
+    """The per-rank [N, K] of linear ``name`` from the facts read so far (runtime/sharding.py's rule); a split
+    vLLM refuses is one CoverageError."""
+    try:
+        return sharding.shape(name, sharding.Arch(**facts), tp)
+    except sharding.SplitError as exc:
+        raise CoverageError(f"{c.source}: {exc.line('--tp')}") from None
 
 
 def _head(c: _Fields, tp: int, dtype: str = "bf16", plugin: str = CANDIDATE) -> Linear:
-    vocab = -(-c.int("vocab_size") // sharding.VOCAB_PAD) * sharding.VOCAB_PAD
     # Tied or not, vLLM 0.32 builds a ParallelLMHead for these families (tie_weights shares the weight), except
     # Gemma-2, whose logits use embed_tokens (``plugin``: EMBEDDING_LOGITS).
-    return Linear(
-        "lm_head", "lm_head", _split(vocab, tp, "padded vocab", c.source), c.int("hidden_size"), 1, dtype, plugin=plugin
-    )
+    n, k = _shape(c, "lm_head", tp, vocab=c.int("vocab_size"), hidden=c.int("hidden_size"))
+    return Linear("lm_head", "lm_head", n, k, 1, dtype, plugin=plugin)
 
 
 def _attention(c: _Fields, tp: int, dtype: str, bias: bool, o_bias: bool = False) -> list[Linear]:
@@ -288,29 +289,31 @@ def _attention(c: _Fields, tp: int, dtype: str, bias: bool, o_bias: bool = False
     kv_heads = c.int("num_key_value_heads", heads)
     head_dim = c.int("head_dim", hidden // heads)
     layers = c.int("num_hidden_layers")
-    local = _split(heads, tp, "num_attention_heads", c.source)
-    # KV heads are split while tp <= kv heads, else each rank holds one replica; vLLM refuses any other split.
-    if kv_heads >= tp:
-        local_kv = _split(kv_heads, tp, "num_key_value_heads", c.source)
-    elif tp % kv_heads:
-        raise CoverageError(f"{c.source}: num_key_value_heads {kv_heads} does not replicate evenly over --tp {tp}")
-    else:
-        local_kv = 1
+    facts = {"hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim}
     return [
-        Linear("qkv_proj", "linear", (local + 2 * local_kv) * head_dim, hidden, layers, dtype, bias),
-        Linear("o_proj", "linear", hidden, local * head_dim, layers, dtype, o_bias),
+        Linear("qkv_proj", "linear", *_shape(c, "qkv_proj", tp, **facts), layers, dtype, bias),
+        Linear("o_proj", "linear", *_shape(c, "o_proj", tp, **facts), layers, dtype, o_bias),
     ]
 
 
-def _mlp(c: _Fields, tp: int, intermediate: int, calls: int, dtype: str, prefix: str = "") -> list[Linear]:
+def _mlp(c: _Fields, tp: int, calls: int, dtype: str, prefix: str = "", **width) -> list[Linear]:
+    """The gate_up and down projections of an MLP whose width is ``width`` (the facts sharding.py's rule for
+    ``prefix`` reads); a width vLLM cannot split is refused even where no layer calls the MLP."""
     hidden = c.int("hidden_size")
-    local = _split(intermediate, tp, "intermediate size", c.source)
+    gate_up = _shape(c, f"{prefix}gate_up_proj", tp, hidden=hidden, **width)
     if not calls:
         return []
     return [
-        Linear(f"{prefix}gate_up_proj", "linear", 2 * local, hidden, calls, dtype),
-        Linear(f"{prefix}down_proj", "linear", hidden, local, calls, dtype),
+        Linear(f"{prefix}gate_up_proj", "linear", *gate_up, calls, dtype),
+        Linear(
+            f"{prefix}down_proj", "linear", *_shape(c, f"{prefix}down_proj", tp, hidden=hidden, **width), calls, dtype
+        ),
     ]
+
+
+def _router(c: _Fields, tp: int, experts_field: str, calls: int, dtype: str = "bf16", bias: bool = False) -> Linear:
+    n, k = _shape(c, "router", tp, experts=c.int(experts_field), hidden=c.int("hidden_size"))
+    return Linear("router", "router", n, k, calls, dtype, bias, plugin=ROUTER)
 
 
 def _checkpoint_dtype(c: _Fields, arch: str) -> str:
@@ -337,7 +340,7 @@ def _dense(c: _Fields, tp: int, arch: str) -> list[Linear]:
     o_bias = attention_bias and arch in ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM")
     layers = c.int("num_hidden_layers")
     attention = _attention(c, tp, dtype, bias, o_bias)
-    mlp = _mlp(c, tp, c.int("intermediate_size"), layers, dtype)
+    mlp = _mlp(c, tp, layers, dtype, intermediate=c.int("intermediate_size"))
     return [*attention, *mlp, _head(c, tp, plugin=EMBEDDING_LOGITS if arch == "Gemma2ForCausalLM" else CANDIDATE)]
 
 
@@ -345,10 +348,8 @@ def _gpt_oss(c: _Fields, tp: int, arch: str) -> list[Linear]:
     dtype = _checkpoint_dtype(c, arch)
     layers = c.int("num_hidden_layers")
     # Biased qkv_proj and o_proj (vLLM's OAIAttention); every layer is MoE, its router a biased GateLinear.
-    router = Linear(
-        "router", "router", c.int("num_local_experts"), c.int("hidden_size"), layers, "bf16", True, plugin=ROUTER
-    )
-    return [*_attention(c, tp, dtype, True, True), router, _head(c, tp)]
+    attention = _attention(c, tp, dtype, True, True)
+    return [*attention, _router(c, tp, "num_local_experts", layers, bias=True), _head(c, tp)]
 
 
 def _glm4_moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
@@ -357,17 +358,13 @@ def _glm4_moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
     first_dense = min(c.count("first_k_dense_replace"), layers)
     moe_layers = layers - first_dense
     out = _attention(c, tp, dtype, c.flag("attention_bias"))
-    out += _mlp(c, tp, c.int("intermediate_size"), first_dense, dtype, prefix="dense_")
+    out += _mlp(c, tp, first_dense, dtype, "dense_", dense_intermediate=c.int("intermediate_size"))
     shared = c.count("n_shared_experts")
     if shared and moe_layers:
-        out += _mlp(c, tp, c.int("moe_intermediate_size") * shared, moe_layers, dtype, prefix="shared_expert_")
+        moe_inter = c.int("moe_intermediate_size")
+        out += _mlp(c, tp, moe_layers, dtype, "shared_expert_", shared_experts=shared, moe_intermediate=moe_inter)
     if moe_layers:
-        # vLLM's Glm4MoE gate keeps fp32 weights.
-        out.append(
-            Linear(
-                "router", "router", c.int("n_routed_experts"), c.int("hidden_size"), moe_layers, "fp32", plugin=ROUTER
-            )
-        )
+        out.append(_router(c, tp, "n_routed_experts", moe_layers, "fp32"))  # vLLM's Glm4MoE gate keeps fp32 weights
     out.append(_head(c, tp))
     return out
 
@@ -377,43 +374,50 @@ def _moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
     layers, step = c.int("num_hidden_layers"), c.int("decoder_sparse_step", 1)
     dense_only = set(c.ints("mlp_only_layers"))
     sparse = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
-    dense = [] if sparse == layers else _mlp(c, tp, c.int("intermediate_size"), layers - sparse, dtype)
+    dense = [] if sparse == layers else _mlp(c, tp, layers - sparse, dtype, intermediate=c.int("intermediate_size"))
     c.int("moe_intermediate_size")  # the experts' (not linears), but a Qwen3-MoE config without it is broken
-    router = Linear("router", "router", c.int("num_experts"), c.int("hidden_size"), sparse, "bf16", plugin=ROUTER)
+    router = _router(c, tp, "num_experts", sparse)
     return [*_attention(c, tp, dtype, c.flag("attention_bias")), *dense, router, _head(c, tp)]
 
 
 def _mla(c: _Fields, tp: int, arch: str, target: str | None) -> list[Linear]:
     dtype = _checkpoint_dtype(c, arch)
     hidden, heads, layers = c.int("hidden_size"), c.int("num_attention_heads"), c.int("num_hidden_layers")
-    local = _split(heads, tp, "num_attention_heads", c.source)
     nope, rope, v_dim = c.int("qk_nope_head_dim"), c.int("qk_rope_head_dim"), c.int("v_head_dim")
     kv_lora, q_lora = c.int("kv_lora_rank"), c.count("q_lora_rank")
+    facts = {
+        "hidden": hidden,
+        "heads": heads,
+        "kv_lora_rank": kv_lora,
+        "qk_nope": nope,
+        "qk_rope": rope,
+        "v_head": v_dim,
+    }
     out = []
     if q_lora:
-        q_lora = c.int("q_lora_rank")
-        fused = Linear("fused_qkv_a_proj", "linear", q_lora + kv_lora + rope, hidden, layers, dtype)
+        facts["q_lora_rank"] = c.int("q_lora_rank")
+        fused = Linear("fused_qkv_a_proj", "linear", *_shape(c, "fused_qkv_a_proj", tp, **facts), layers, dtype)
         # On sm_90 and sm_100 vLLM runs its own dsv3_fused_a_gemm on this BF16 shape, inside the layer's forward.
         if (fused.n, fused.k, dtype) == (2112, 7168, "bf16") and target in ("sm_90a", "sm_100a"):
             fused = Linear(fused.name, fused.kind, fused.n, fused.k, fused.calls, dtype, plugin=FAST_PATH)
-        out += [fused, Linear("q_b_proj", "linear", local * (nope + rope), q_lora, layers, dtype)]
+        out += [fused, Linear("q_b_proj", "linear", *_shape(c, "q_b_proj", tp, **facts), layers, dtype)]
     else:
         out += [
-            Linear("q_proj", "linear", local * (nope + rope), hidden, layers, dtype),
-            Linear("kv_a_proj_with_mqa", "linear", kv_lora + rope, hidden, layers, dtype),
+            Linear("q_proj", "linear", *_shape(c, "q_proj", tp, **facts), layers, dtype),
+            Linear("kv_a_proj_with_mqa", "linear", *_shape(c, "kv_a_proj_with_mqa", tp, **facts), layers, dtype),
         ]
     # Decode absorbs kv_b_proj into MLA's bmm weights: it is built, but called only by prefill.
-    out.append(Linear("kv_b_proj", "linear", local * (nope + v_dim), kv_lora, 0, dtype))
-    out.append(Linear("o_proj", "linear", hidden, local * v_dim, layers, dtype))
+    out.append(Linear("kv_b_proj", "linear", *_shape(c, "kv_b_proj", tp, **facts), 0, dtype))
+    out.append(Linear("o_proj", "linear", *_shape(c, "o_proj", tp, **facts), layers, dtype))
     first_dense = min(c.count("first_k_dense_replace"), layers)
     moe_layers = layers - first_dense
-    out += _mlp(c, tp, c.int("intermediate_size"), first_dense, dtype, prefix="dense_")
+    out += _mlp(c, tp, first_dense, dtype, "dense_", dense_intermediate=c.int("intermediate_size"))
     shared = c.count("n_shared_experts")
     if shared and moe_layers:
         moe_inter = c.int("moe_intermediate_size")
-        out += _mlp(c, tp, moe_inter * shared, moe_layers, dtype, prefix="shared_expert_")
+        out += _mlp(c, tp, moe_layers, dtype, "shared_expert_", shared_experts=shared, moe_intermediate=moe_inter)
     if moe_layers:
-        out.append(Linear("router", "router", c.int("n_routed_experts"), hidden, moe_layers, "bf16", plugin=ROUTER))
+        out.append(_router(c, tp, "n_routed_experts", moe_layers))
     out.append(_head(c, tp))
     return out
 
