@@ -23,6 +23,7 @@ JSON only.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -38,6 +39,7 @@ from .modelfile import CANDIDATE, FAST_PATH, ROUTER, Linear
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 PLANS_DIR = PACKAGE_ROOT / "kernels" / "plans"
+DEFAULTS_FILE = Path(__file__).resolve().parent / "hf_defaults.json"
 # vLLM's decode batch sizes up to 16 (its CUDA-graph sizes 1, 2, 4, 8, 16: M=3 arrives as 4).
 MS = DECODE_MS
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "int8": 1, "int4": 0.5, "mxfp4": 0.5}
@@ -69,143 +71,6 @@ WRAPPERS = {
 TEXT_ARCH = {
     model_type: arch for families in (DENSE, MOE, MLA, GPT_OSS, GLM4_MOE) for arch, model_type in families.items()
 }
-# The defaults of the Hugging Face config classes (transformers 5) for the fields read here: a config.json that
-# leaves one out gets it so (Gemma-3's text_config without vocab_size or head counts); one set to null is None, as
-# in the class (DeepSeek-V2-Lite's q_lora_rank). head_dim is left out where the class derives it (hidden_size /
-# num_attention_heads).
-DEFAULTS = {
-    "llama": dict(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        attention_bias=False,
-    ),
-    "mistral": dict(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-    ),
-    "qwen2": dict(
-        vocab_size=151936,
-        hidden_size=4096,
-        intermediate_size=22016,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-    ),
-    "qwen3": dict(
-        vocab_size=151936,
-        hidden_size=4096,
-        intermediate_size=22016,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        head_dim=128,
-        attention_bias=False,
-    ),
-    "gemma": dict(
-        vocab_size=256000,
-        hidden_size=3072,
-        intermediate_size=24576,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        head_dim=256,
-    ),
-    "gemma2": dict(
-        vocab_size=256000,
-        hidden_size=2304,
-        intermediate_size=9216,
-        num_hidden_layers=26,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=256,
-    ),
-    "gemma3_text": dict(
-        vocab_size=262208,
-        hidden_size=2304,
-        intermediate_size=9216,
-        num_hidden_layers=26,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=256,
-    ),
-    "phi3": dict(
-        vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32
-    ),
-    "qwen3_moe": dict(
-        vocab_size=151936,
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=24,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        moe_intermediate_size=768,
-        num_experts=128,
-        decoder_sparse_step=1,
-    ),
-    "deepseek_v2": dict(
-        vocab_size=102400,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        moe_intermediate_size=1407,
-        n_routed_experts=64,
-        n_shared_experts=2,
-        first_k_dense_replace=0,
-        q_lora_rank=1536,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-    ),
-    "deepseek_v3": dict(
-        vocab_size=129280,
-        hidden_size=7168,
-        intermediate_size=18432,
-        num_hidden_layers=61,
-        num_attention_heads=128,
-        moe_intermediate_size=2048,
-        n_routed_experts=256,
-        n_shared_experts=1,
-        first_k_dense_replace=3,
-        q_lora_rank=1536,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-    ),
-    "gpt_oss": dict(
-        vocab_size=201088,
-        hidden_size=2880,
-        intermediate_size=2880,
-        num_hidden_layers=36,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=64,
-        num_local_experts=128,
-    ),
-    "glm4_moe": dict(
-        vocab_size=151552,
-        hidden_size=4096,
-        intermediate_size=10944,
-        num_hidden_layers=46,
-        num_attention_heads=96,
-        num_key_value_heads=8,
-        head_dim=128,
-        attention_bias=False,
-        moe_intermediate_size=1408,
-        n_routed_experts=128,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-    ),
-}
 
 
 class CoverageError(ValueError):
@@ -218,6 +83,24 @@ def bytes_per_step(lin: Linear) -> float:
 
 
 # ---- models --------------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def hf_defaults() -> dict[str, dict]:
+    """model_type -> {field: default} of its Hugging Face config class (hf_defaults.json, beside this module).
+
+    A config.json that leaves a field out gets the class's default, as vLLM reads it (Gemma-3's text_config
+    without vocab_size or head counts); one set to null stays None, as in the class (DeepSeek-V2-Lite's
+    q_lora_rank), and a field the class derives (head_dim: hidden_size / num_attention_heads) has no default.
+    """
+    data = _read_json(DEFAULTS_FILE)
+    f = Fields(DEFAULTS_FILE, CoverageError)
+    table = f.obj(f.get(data, "model_types"), "field 'model_types'")
+    for model_type, fields in table.items():
+        for key, value in f.obj(fields, f"model_types.{model_type}").items():
+            if type(value) not in (int, bool) or value < 0:
+                f.fail(f"model_types.{model_type}.{key}", value, "an int >= 0 or true/false")
+    return table
 
 
 class _Fields:
@@ -442,12 +325,12 @@ def derive(config: dict, tp: int, source: str, target: str | None = None) -> tup
             )
         arch = TEXT_ARCH[model_type]
         # The wrapper's own quantization_config applies to its language model too.
-        fields = {**DEFAULTS[model_type], **text}
+        fields = {**hf_defaults().get(model_type, {}), **text}
         if "quantization_config" in config:
             fields.setdefault("quantization_config", config["quantization_config"])
     else:
         families = {**DENSE, **MOE, **MLA, **GPT_OSS, **GLM4_MOE}
-        fields = {**DEFAULTS.get(families.get(arch), {}), **config}
+        fields = {**hf_defaults().get(families.get(arch), {}), **config}
     c = _Fields(fields, source)
     if arch in DENSE:
         return outer, _dense(c, tp, arch)

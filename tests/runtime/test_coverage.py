@@ -157,6 +157,31 @@ def _bad(tmp_path, capsys, text, name="config.json", tp=1):
     return line
 
 
+def test_the_defaults_table_is_stable_data_for_every_family():
+    """hf_defaults.json is written as runtime.manifest.dumps writes (sorted, stable) and has each family's class."""
+    from skinny_gemm.runtime.manifest import dumps
+
+    text = coverage.DEFAULTS_FILE.read_text()
+    assert dumps(json.loads(text)) == text
+    assert set(coverage.hf_defaults()) == set(coverage.TEXT_ARCH)
+
+
+def test_a_damaged_defaults_table_is_one_line(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "hf_defaults.json"
+    bad.write_text(json.dumps({"model_types": {"qwen3": {"hidden_size": "4096"}}}))
+    monkeypatch.setattr(coverage, "DEFAULTS_FILE", bad)
+    coverage.hf_defaults.cache_clear()
+    try:
+        rc, out, err = _run(capsys, CONFIGS / "qwen3-8b.json")
+    finally:
+        coverage.hf_defaults.cache_clear()
+    assert (
+        rc == 2
+        and out == ""
+        and err == f"error: {bad}: model_types.qwen3.hidden_size is '4096', must be an int >= 0 or true/false\n"
+    )
+
+
 def test_bad_input_is_one_line_naming_file_and_field(tmp_path, capsys):
     assert "unreadable JSON file (Expecting property name" in _bad(tmp_path, capsys, "{ hidden_size: 1")
     good = json.loads((CONFIGS / "qwen3-8b.json").read_text())
@@ -355,7 +380,8 @@ def test_coverage_equals_vllms_built_layers_on_public_configs(vllm_built):
         _, linears = coverage.derive(config, tp, repo)
         text = config.get("text_config") or config
         layers = (
-            text.get("num_hidden_layers") or coverage.DEFAULTS[text.get("model_type", "llama")]["num_hidden_layers"]
+            text.get("num_hidden_layers")
+            or coverage.hf_defaults()[text.get("model_type", "llama")]["num_hidden_layers"]
         )
         assert _coverage_layers(linears, layers) == _vllm_layers(result), (repo, tp)
         compared.add((repo, tp))
