@@ -253,10 +253,9 @@ def seed_shapes(arch: str, shapes_file: Path) -> list[tuple[int, int, int]]:
     and the field) on a file that is not one."""
     data, seed, tps = _seed_set(arch, shapes_file)
     f = Fields(shapes_file, PlanError)
-    names = f.lst(f.get(seed, "linears", f"seed_plan_sets.{arch} "), f"seed_plan_sets.{arch}.linears")
     by_tp = {tp: {lin.name: lin for lin in modelfile.linears(data, tp)} for tp in tps}
     shapes = set()
-    for name in names:
+    for name in seed["linears"]:  # checked by _seed_set: names of the file's linears
         for tp in tps:
             if name not in by_tp[tp]:
                 raise PlanError(f"{f.name}: linears.{name}.tp field {str(tp)!r} missing")
