@@ -92,11 +92,12 @@ def read(path: str | Path, what: str = "model file") -> dict:
     return data
 
 
-def load(model: str | Path, complete: bool = True) -> dict:
-    """A model file (a path or a catalogue slug), read and checked; InputError with its first problem otherwise."""
+def load(model: str | Path) -> dict:
+    """A complete model file (a path or a catalogue slug), read and checked; InputError with its first problem
+    otherwise."""
     path = path_of(model)
     data = read(path)
-    found = problems(data, complete)
+    found = problems(data)
     if found:
         raise InputError(f"{where(path)}: {found[0]}")
     return data
