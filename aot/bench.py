@@ -246,6 +246,7 @@ def peer_build(args) -> int:
 
 def main(args) -> int:
     """Run the chosen sections and write the reports."""
+    from ..runtime import modelfile
     from . import steps
 
     if args.action == "peer-build":
@@ -293,7 +294,7 @@ def main(args) -> int:
                 peer_lib = None
         data["served_about"] = {
             "model": model.get("name"),
-            "file": str(steps.model_path(args.model).name),
+            "file": str(modelfile.path_of(args.model).name),
             "about": model["step"]["about"],
             "context": model["step"].get("context"),
             **(

@@ -152,7 +152,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"skinny-gemm {__version__}")
     sub = p.add_subparsers(dest="verb", metavar="VERB")
-    all_archs = "sm_90a,sm_121"
+    from ..runtime.manifest import ARCHS
+
+    all_archs = ",".join(ARCHS)
 
     b = sub.add_parser("build", help="compile plan tables into cubins + manifest (CPU, needs nvidia-cutlass-dsl)")
     b.add_argument(

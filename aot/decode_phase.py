@@ -26,7 +26,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..kernels.config import ConfigError, KernelConfig
-from ..runtime.jsonfile import InputError, read_json
+from ..runtime import modelfile
+from ..runtime.jsonfile import InputError
 from .results import isolated_winners
 
 # Per cell, how many of the fastest isolated winners are re-timed inside the decode step
@@ -80,7 +81,7 @@ def served_steps(arch: str, model_file, ms) -> list[dict]:
     calls = plans.decode_steps(arch, Path(model_file))
     if not calls:
         return []
-    model = read_json(model_file, "model file")  # read and checked by decode_steps just before
+    model = modelfile.read(model_file)  # read and checked by decode_steps just before
     return [step_entry(model, arch, tp, ms, tp_calls) for tp, tp_calls in sorted(calls.items())]
 
 
@@ -91,9 +92,9 @@ def model_steps(arch: str, slug: str, tps, ms) -> tuple[list[dict], str]:
 
     from . import steps
 
-    path = steps.model_path(slug)
+    path = modelfile.path_of(slug)
     try:
-        model = read_json(path, "model file")
+        model = modelfile.read(path)
     except InputError as exc:
         raise steps.StepError(str(exc)) from None
     if not steps.has_step(model):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..kernels.config import DECODE_MS, H200_SMS, MAX_M, MMA_K_STEP, TAIL_K_GRAIN, ConfigError, KernelConfig
+from ..runtime import modelfile
 from ..runtime.jsonfile import Fields, InputError, printable, read_json
 from ..runtime.manifest import CAPABILITY_FOR_ARCH, config_of, dumps, write_atomic
 
@@ -252,19 +253,13 @@ def seed_shapes(arch: str, shapes_file: Path) -> list[tuple[int, int, int]]:
     and the field) on a file that is not one."""
     data, seed, tps = _seed_set(arch, shapes_file)
     f = Fields(shapes_file, PlanError)
-    linears = f.obj(f.get(data, "linears"), "field 'linears'")
+    by_tp = {tp: {lin.name: lin for lin in modelfile.linears(data, tp)} for tp in tps}
     shapes = set()
-    for i, name in enumerate(
-        f.lst(f.get(seed, "linears", f"seed_plan_sets.{arch} "), f"seed_plan_sets.{arch}.linears")
-    ):
-        if type(name) is not str or name not in linears:
-            f.fail(f"seed_plan_sets.{arch}.linears[{i}]", name, "the name of one of its linears")
-        per_tp = f.obj(f.get(f.obj(linears[name], f"linears.{name}"), "tp", f"linears.{name} "), f"linears.{name}.tp")
+    for name in seed["linears"]:  # checked by _seed_set: names of the file's linears
         for tp in tps:
-            shape = f.get(per_tp, str(tp), f"linears.{name}.tp ")
-            if type(shape) is not list or len(shape) != 2:
-                f.fail(f"linears.{name}.tp.{tp}", shape, "[n, k]")
-            shapes.add(tuple(f.pos_int(v, f"linears.{name}.tp.{tp}[{j}]") for j, v in enumerate(shape)))
+            if name not in by_tp[tp]:
+                raise PlanError(f"{f.name}: linears.{name}.tp field {str(tp)!r} missing")
+            shapes.add((by_tp[tp][name].n, by_tp[tp][name].k))
     ms = [
         f.pos_int(m, f"seed_plan_sets.{arch}.planned_M[{i}]", MAX_M)
         for i, m in enumerate(
@@ -281,13 +276,29 @@ def seed_shapes(arch: str, shapes_file: Path) -> list[tuple[int, int, int]]:
 
 
 def _seed_set(arch: str, shapes_file: Path) -> tuple[dict, dict, list[int]]:
-    """The shapes file's JSON (through the one bounded reader), its seed set for ``arch`` and that set's TPs."""
-    data, f = _read(shapes_file, "shapes file")
-    sets = f.obj(f.get(f.obj(data, "the shapes file"), "seed_plan_sets"), "field 'seed_plan_sets'")
+    """The shapes file (a model file, read by runtime/modelfile.py), its seed set for ``arch`` and that set's TPs.
+
+    The seed set is checked first, then that it names linears of the file, then the linears themselves: each
+    refusal is one PlanError line naming the file and the field."""
+    try:
+        data = modelfile.read(shapes_file, "shapes file")
+    except InputError as exc:
+        raise PlanError(str(exc)) from None
+    f = Fields(shapes_file, PlanError)
+    sets = f.obj(f.get(data, "seed_plan_sets"), "field 'seed_plan_sets'")
     seed = f.obj(f.get(sets, arch, "seed_plan_sets "), f"seed_plan_sets.{arch}")
     tp = f.get(seed, "tp", f"seed_plan_sets.{arch} ")
-    tps = tp if type(tp) is list else [tp]
-    return data, seed, [f.pos_int(t, f"seed_plan_sets.{arch}.tp") for t in tps]
+    tps = [f.pos_int(t, f"seed_plan_sets.{arch}.tp") for t in (tp if type(tp) is list else [tp])]
+    linears = f.obj(f.get(data, "linears"), "field 'linears'")
+    for i, name in enumerate(
+        f.lst(f.get(seed, "linears", f"seed_plan_sets.{arch} "), f"seed_plan_sets.{arch}.linears")
+    ):
+        if type(name) is not str or name not in linears:
+            f.fail(f"seed_plan_sets.{arch}.linears[{i}]", name, "the name of one of its linears")
+    problems = modelfile.problems(data, complete=False)
+    if problems:
+        raise PlanError(f"{f.name}: {problems[0]}")
+    return data, seed, tps
 
 
 def heuristic_table(arch: str, shapes_file: Path) -> tuple[dict, list[PlanEntry]]:
@@ -344,9 +355,9 @@ def catalogue_cells(model_tps: list[tuple[str, int]], ms=CATALOGUE_MS) -> list[C
     found: dict = {}
     for slug, tp in model_tps:
         data = models.load(slug)
-        if tp not in models.tps(data):
-            raise PlanError(f"{slug}: no shapes at TP {tp} (it lists {models.tps(data)})")
-        for lin in models.linears(data, tp):
+        if tp not in modelfile.tps(data):
+            raise PlanError(f"{slug}: no shapes at TP {tp} (it lists {modelfile.tps(data)})")
+        for lin in modelfile.linears(data, tp):
             if lin.skip_reason is None:
                 bias, uses = found.get((lin.n, lin.k), (False, ()))
                 found[(lin.n, lin.k)] = (bias or lin.bias, (*uses, f"{slug}@tp{tp}:{lin.name}"))
@@ -417,10 +428,10 @@ def model_tps(model: str | None, tps: list[int] | None, every: bool) -> list[tup
     lists; with --all, a model without an asked TP is left out of it)."""
     from . import models
 
-    slugs = sorted(models.catalogue()) if every else [model]
+    slugs = sorted(modelfile.catalogue()) if every else [model]
     pairs = []
     for slug in slugs:
-        listed = models.tps(models.load(slug))
+        listed = modelfile.tps(models.load(slug))
         for tp in tps or listed:
             if tp in listed:
                 pairs.append((slug, tp))

@@ -40,9 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..runtime.jsonfile import InputError, read_json
-
-MODELS_DIR = Path(__file__).resolve().parent.parent / "kernels" / "models"
+from ..runtime import modelfile
+from ..runtime.jsonfile import InputError
 
 # kind -> its required fields (besides "op"); "note" is allowed everywhere.
 OPS = {
@@ -83,24 +82,19 @@ class Op:
         return self.kind == "gemm"
 
 
-def model_path(name: str | Path) -> Path:
-    """A model file: a path, or a slug of kernels/models/ (``glm-5.3-flash``)."""
-    path = Path(name)
-    if path.suffix == ".json" or path.exists():
-        return path
-    return MODELS_DIR / f"{name}.json"
-
-
 def load(path: str | Path) -> dict:
-    """Read a model file and validate its step; raises StepError (one line) on any problem."""
-    path = model_path(path)
+    """Read a model file (a path or a catalogue slug) and validate its step; raises StepError (one line) on any
+    problem. The step is checked before the linears, so a linear the step cannot run is named by the entry that
+    calls it."""
+    path = modelfile.path_of(path)
     try:
-        model = read_json(path, "model file")
+        model = modelfile.read(path)
     except InputError as exc:
         raise StepError(str(exc)) from None
-    if not isinstance(model, dict):
-        raise StepError(f"{path}: not a model description (a JSON object)")
     validate(model, str(path))
+    problems = modelfile.problems(model, complete=False)
+    if problems:
+        raise StepError(f"{path}: {problems[0]}")
     return model
 
 
@@ -187,11 +181,13 @@ def _check_op(model: dict, op, where: str, tps) -> None:
         raise StepError(f"{where}: op {kind!r} needs {list(fields)}" + (f", has unknown {extra}" if extra else ""))
     if kind == "linear":
         name = op["linear"]
-        lin = model.get("linears", {}).get(name) if isinstance(model.get("linears"), dict) else None
+        linears = model.get("linears")
+        lin = linears.get(name) if isinstance(linears, dict) and isinstance(name, str) else None
         if lin is None:
             raise StepError(f"{where}: linear {name!r} is not in the model's linears")
+        per_tp = lin.get("tp") if isinstance(lin, dict) else None
         for tp in tps:
-            shape = lin.get("tp", {}).get(str(tp))
+            shape = per_tp.get(str(tp)) if isinstance(per_tp, dict) else None
             if not (isinstance(shape, list) and len(shape) == 2 and all(_positive(v) for v in shape)):
                 raise StepError(f"{where}: linear {name!r} has no runnable (N, K) at TP {tp} (got {shape!r})")
         return
@@ -213,7 +209,7 @@ def gemm_linears(model: dict, arch: str | None = None) -> set[str]:
     seed = model.get("seed_plan_sets", {}).get(arch) if arch else None
     if seed is not None:
         return set(seed["linears"])
-    return {name for name, lin in model.get("linears", {}).items() if lin.get("dtype", "bf16") == "bf16"}
+    return modelfile.bf16_linears(model)
 
 
 def build(model: dict, tp: int, m: int, gemms: set[str] | None = None, arch: str | None = None) -> list[Op]:

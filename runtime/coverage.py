@@ -23,28 +23,26 @@ JSON only.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from ..kernels.config import DECODE_MS
+from . import modelfile, sharding
 from .artifacts import artifacts_root, open_dir
 from .jsonfile import I32_MAX, Fields, InputError, read_json, show, where
 from .manifest import CAPABILITY_FOR_ARCH, MANIFEST_NAME
+from .modelfile import CANDIDATE, FAST_PATH, ROUTER, Linear
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-MODELS_DIR = PACKAGE_ROOT / "kernels" / "models"
 PLANS_DIR = PACKAGE_ROOT / "kernels" / "plans"
+DEFAULTS_FILE = Path(__file__).resolve().parent / "hf_defaults.json"
 # vLLM's decode batch sizes up to 16 (its CUDA-graph sizes 1, 2, 4, 8, 16: M=3 arrives as 4).
 MS = DECODE_MS
-# vLLM pads the vocabulary to a multiple of 64 before splitting it over ranks.
-VOCAB_PADDING = 64
 BYTES_PER_ELEMENT = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8": 1, "int8": 1, "int4": 0.5, "mxfp4": 0.5}
-CANDIDATE = "candidate"
-ROUTER = "router (not a candidate)"
-FAST_PATH = "vllm fast path"
 # Gemma-2's logits: vLLM multiplies by embed_tokens itself (no LM head layer, nothing the plugin sees).
 EMBEDDING_LOGITS = "logits by the embedding (not a candidate)"
 SUMMARY_HINT = "run vLLM with the wheel installed and read its 'skinny-gemm vLLM plugin:' summary line instead"
@@ -73,168 +71,36 @@ WRAPPERS = {
 TEXT_ARCH = {
     model_type: arch for families in (DENSE, MOE, MLA, GPT_OSS, GLM4_MOE) for arch, model_type in families.items()
 }
-# The defaults of the Hugging Face config classes (transformers 5) for the fields read here: a config.json that
-# leaves one out gets it so (Gemma-3's text_config without vocab_size or head counts); one set to null is None, as
-# in the class (DeepSeek-V2-Lite's q_lora_rank). head_dim is left out where the class derives it (hidden_size /
-# num_attention_heads).
-DEFAULTS = {
-    "llama": dict(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        attention_bias=False,
-    ),
-    "mistral": dict(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-    ),
-    "qwen2": dict(
-        vocab_size=151936,
-        hidden_size=4096,
-        intermediate_size=22016,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-    ),
-    "qwen3": dict(
-        vocab_size=151936,
-        hidden_size=4096,
-        intermediate_size=22016,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        head_dim=128,
-        attention_bias=False,
-    ),
-    "gemma": dict(
-        vocab_size=256000,
-        hidden_size=3072,
-        intermediate_size=24576,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        head_dim=256,
-    ),
-    "gemma2": dict(
-        vocab_size=256000,
-        hidden_size=2304,
-        intermediate_size=9216,
-        num_hidden_layers=26,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=256,
-    ),
-    "gemma3_text": dict(
-        vocab_size=262208,
-        hidden_size=2304,
-        intermediate_size=9216,
-        num_hidden_layers=26,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=256,
-    ),
-    "phi3": dict(
-        vocab_size=32064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=32
-    ),
-    "qwen3_moe": dict(
-        vocab_size=151936,
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=24,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        moe_intermediate_size=768,
-        num_experts=128,
-        decoder_sparse_step=1,
-    ),
-    "deepseek_v2": dict(
-        vocab_size=102400,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        moe_intermediate_size=1407,
-        n_routed_experts=64,
-        n_shared_experts=2,
-        first_k_dense_replace=0,
-        q_lora_rank=1536,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-    ),
-    "deepseek_v3": dict(
-        vocab_size=129280,
-        hidden_size=7168,
-        intermediate_size=18432,
-        num_hidden_layers=61,
-        num_attention_heads=128,
-        moe_intermediate_size=2048,
-        n_routed_experts=256,
-        n_shared_experts=1,
-        first_k_dense_replace=3,
-        q_lora_rank=1536,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
-    ),
-    "gpt_oss": dict(
-        vocab_size=201088,
-        hidden_size=2880,
-        intermediate_size=2880,
-        num_hidden_layers=36,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=64,
-        num_local_experts=128,
-    ),
-    "glm4_moe": dict(
-        vocab_size=151552,
-        hidden_size=4096,
-        intermediate_size=10944,
-        num_hidden_layers=46,
-        num_attention_heads=96,
-        num_key_value_heads=8,
-        head_dim=128,
-        attention_bias=False,
-        moe_intermediate_size=1408,
-        n_routed_experts=128,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-    ),
-}
 
 
 class CoverageError(ValueError):
     """Bad input: one line naming the file and the field."""
 
 
-@dataclass(frozen=True)
-class Linear:
-    """One linear layer on one rank: local weight [n, k], called ``calls`` times per decode step."""
-
-    name: str
-    kind: str
-    n: int
-    k: int
-    calls: int
-    dtype: str = "bf16"
-    bias: bool = False
-    plugin: str = CANDIDATE
-
-    @property
-    def bytes_per_step(self) -> float:
-        return self.n * self.k * BYTES_PER_ELEMENT.get(self.dtype, 2) * self.calls
+def bytes_per_step(lin: Linear) -> float:
+    """The weight bytes one decode step reads through this linear (every call)."""
+    return lin.n * lin.k * BYTES_PER_ELEMENT.get(lin.dtype, 2) * lin.calls
 
 
 # ---- models --------------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def hf_defaults() -> dict[str, dict]:
+    """model_type -> {field: default} of its Hugging Face config class (hf_defaults.json, beside this module).
+
+    A config.json that leaves a field out gets the class's default, as vLLM reads it (Gemma-3's text_config
+    without vocab_size or head counts); one set to null stays None, as in the class (DeepSeek-V2-Lite's
+    q_lora_rank), and a field the class derives (head_dim: hidden_size / num_attention_heads) has no default.
+    """
+    data = _read_json(DEFAULTS_FILE)
+    f = Fields(DEFAULTS_FILE, CoverageError)
+    table = f.obj(f.get(data, "model_types"), "field 'model_types'")
+    for model_type, fields in table.items():
+        for key, value in f.obj(fields, f"model_types.{model_type}").items():
+            if type(value) not in (int, bool) or value < 0:
+                f.fail(f"model_types.{model_type}.{key}", value, "an int >= 0 or true/false")
+    return table
 
 
 class _Fields:
@@ -285,19 +151,20 @@ class _Fields:
         return self.data.get(key, default)
 
 
-def _split(total: int, tp: int, what: str, source: str) -> int:
-    if total % tp:
-        raise CoverageError(f"{source}: {what} {total} does not split over --tp {tp}")
-    return total // tp
+def _shape(c: _Fields, name: str, tp: int, **facts) -> tuple[int, int]:
+    """The per-rank [N, K] of linear ``name`` from the facts read so far (runtime/sharding.py's rule); a split
+    vLLM refuses is one CoverageError."""
+    try:
+        return sharding.shape(name, sharding.Arch(**facts), tp)
+    except sharding.SplitError as exc:
+        raise CoverageError(f"{c.source}: {exc.line('--tp')}") from None
 
 
 def _head(c: _Fields, tp: int, dtype: str = "bf16", plugin: str = CANDIDATE) -> Linear:
-    vocab = -(-c.int("vocab_size") // VOCAB_PADDING) * VOCAB_PADDING
     # Tied or not, vLLM 0.32 builds a ParallelLMHead for these families (tie_weights shares the weight), except
     # Gemma-2, whose logits use embed_tokens (``plugin``: EMBEDDING_LOGITS).
-    return Linear(
-        "lm_head", "lm_head", _split(vocab, tp, "padded vocab", c.source), c.int("hidden_size"), 1, dtype, plugin=plugin
-    )
+    n, k = _shape(c, "lm_head", tp, vocab=c.int("vocab_size"), hidden=c.int("hidden_size"))
+    return Linear("lm_head", "lm_head", n, k, 1, dtype, plugin=plugin)
 
 
 def _attention(c: _Fields, tp: int, dtype: str, bias: bool, o_bias: bool = False) -> list[Linear]:
@@ -305,29 +172,31 @@ def _attention(c: _Fields, tp: int, dtype: str, bias: bool, o_bias: bool = False
     kv_heads = c.int("num_key_value_heads", heads)
     head_dim = c.int("head_dim", hidden // heads)
     layers = c.int("num_hidden_layers")
-    local = _split(heads, tp, "num_attention_heads", c.source)
-    # KV heads are split while tp <= kv heads, else each rank holds one replica; vLLM refuses any other split.
-    if kv_heads >= tp:
-        local_kv = _split(kv_heads, tp, "num_key_value_heads", c.source)
-    elif tp % kv_heads:
-        raise CoverageError(f"{c.source}: num_key_value_heads {kv_heads} does not replicate evenly over --tp {tp}")
-    else:
-        local_kv = 1
+    facts = {"hidden": hidden, "heads": heads, "kv_heads": kv_heads, "head_dim": head_dim}
     return [
-        Linear("qkv_proj", "linear", (local + 2 * local_kv) * head_dim, hidden, layers, dtype, bias),
-        Linear("o_proj", "linear", hidden, local * head_dim, layers, dtype, o_bias),
+        Linear("qkv_proj", "linear", *_shape(c, "qkv_proj", tp, **facts), layers, dtype, bias),
+        Linear("o_proj", "linear", *_shape(c, "o_proj", tp, **facts), layers, dtype, o_bias),
     ]
 
 
-def _mlp(c: _Fields, tp: int, intermediate: int, calls: int, dtype: str, prefix: str = "") -> list[Linear]:
+def _mlp(c: _Fields, tp: int, calls: int, dtype: str, prefix: str = "", **width) -> list[Linear]:
+    """The gate_up and down projections of an MLP whose width is ``width`` (the facts sharding.py's rule for
+    ``prefix`` reads); a width vLLM cannot split is refused even where no layer calls the MLP."""
     hidden = c.int("hidden_size")
-    local = _split(intermediate, tp, "intermediate size", c.source)
+    gate_up = _shape(c, f"{prefix}gate_up_proj", tp, hidden=hidden, **width)
     if not calls:
         return []
     return [
-        Linear(f"{prefix}gate_up_proj", "linear", 2 * local, hidden, calls, dtype),
-        Linear(f"{prefix}down_proj", "linear", hidden, local, calls, dtype),
+        Linear(f"{prefix}gate_up_proj", "linear", *gate_up, calls, dtype),
+        Linear(
+            f"{prefix}down_proj", "linear", *_shape(c, f"{prefix}down_proj", tp, hidden=hidden, **width), calls, dtype
+        ),
     ]
+
+
+def _router(c: _Fields, tp: int, experts_field: str, calls: int, dtype: str = "bf16", bias: bool = False) -> Linear:
+    n, k = _shape(c, "router", tp, experts=c.int(experts_field), hidden=c.int("hidden_size"))
+    return Linear("router", "router", n, k, calls, dtype, bias, plugin=ROUTER)
 
 
 def _checkpoint_dtype(c: _Fields, arch: str) -> str:
@@ -354,7 +223,7 @@ def _dense(c: _Fields, tp: int, arch: str) -> list[Linear]:
     o_bias = attention_bias and arch in ("LlamaForCausalLM", "MistralForCausalLM", "Phi3ForCausalLM")
     layers = c.int("num_hidden_layers")
     attention = _attention(c, tp, dtype, bias, o_bias)
-    mlp = _mlp(c, tp, c.int("intermediate_size"), layers, dtype)
+    mlp = _mlp(c, tp, layers, dtype, intermediate=c.int("intermediate_size"))
     return [*attention, *mlp, _head(c, tp, plugin=EMBEDDING_LOGITS if arch == "Gemma2ForCausalLM" else CANDIDATE)]
 
 
@@ -362,10 +231,8 @@ def _gpt_oss(c: _Fields, tp: int, arch: str) -> list[Linear]:
     dtype = _checkpoint_dtype(c, arch)
     layers = c.int("num_hidden_layers")
     # Biased qkv_proj and o_proj (vLLM's OAIAttention); every layer is MoE, its router a biased GateLinear.
-    router = Linear(
-        "router", "router", c.int("num_local_experts"), c.int("hidden_size"), layers, "bf16", True, plugin=ROUTER
-    )
-    return [*_attention(c, tp, dtype, True, True), router, _head(c, tp)]
+    attention = _attention(c, tp, dtype, True, True)
+    return [*attention, _router(c, tp, "num_local_experts", layers, bias=True), _head(c, tp)]
 
 
 def _glm4_moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
@@ -374,17 +241,13 @@ def _glm4_moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
     first_dense = min(c.count("first_k_dense_replace"), layers)
     moe_layers = layers - first_dense
     out = _attention(c, tp, dtype, c.flag("attention_bias"))
-    out += _mlp(c, tp, c.int("intermediate_size"), first_dense, dtype, prefix="dense_")
+    out += _mlp(c, tp, first_dense, dtype, "dense_", dense_intermediate=c.int("intermediate_size"))
     shared = c.count("n_shared_experts")
     if shared and moe_layers:
-        out += _mlp(c, tp, c.int("moe_intermediate_size") * shared, moe_layers, dtype, prefix="shared_expert_")
+        moe_inter = c.int("moe_intermediate_size")
+        out += _mlp(c, tp, moe_layers, dtype, "shared_expert_", shared_experts=shared, moe_intermediate=moe_inter)
     if moe_layers:
-        # vLLM's Glm4MoE gate keeps fp32 weights.
-        out.append(
-            Linear(
-                "router", "router", c.int("n_routed_experts"), c.int("hidden_size"), moe_layers, "fp32", plugin=ROUTER
-            )
-        )
+        out.append(_router(c, tp, "n_routed_experts", moe_layers, "fp32"))  # vLLM's Glm4MoE gate keeps fp32 weights
     out.append(_head(c, tp))
     return out
 
@@ -394,43 +257,50 @@ def _moe(c: _Fields, tp: int, arch: str) -> list[Linear]:
     layers, step = c.int("num_hidden_layers"), c.int("decoder_sparse_step", 1)
     dense_only = set(c.ints("mlp_only_layers"))
     sparse = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
-    dense = [] if sparse == layers else _mlp(c, tp, c.int("intermediate_size"), layers - sparse, dtype)
+    dense = [] if sparse == layers else _mlp(c, tp, layers - sparse, dtype, intermediate=c.int("intermediate_size"))
     c.int("moe_intermediate_size")  # the experts' (not linears), but a Qwen3-MoE config without it is broken
-    router = Linear("router", "router", c.int("num_experts"), c.int("hidden_size"), sparse, "bf16", plugin=ROUTER)
+    router = _router(c, tp, "num_experts", sparse)
     return [*_attention(c, tp, dtype, c.flag("attention_bias")), *dense, router, _head(c, tp)]
 
 
 def _mla(c: _Fields, tp: int, arch: str, target: str | None) -> list[Linear]:
     dtype = _checkpoint_dtype(c, arch)
     hidden, heads, layers = c.int("hidden_size"), c.int("num_attention_heads"), c.int("num_hidden_layers")
-    local = _split(heads, tp, "num_attention_heads", c.source)
     nope, rope, v_dim = c.int("qk_nope_head_dim"), c.int("qk_rope_head_dim"), c.int("v_head_dim")
     kv_lora, q_lora = c.int("kv_lora_rank"), c.count("q_lora_rank")
+    facts = {
+        "hidden": hidden,
+        "heads": heads,
+        "kv_lora_rank": kv_lora,
+        "qk_nope": nope,
+        "qk_rope": rope,
+        "v_head": v_dim,
+    }
     out = []
     if q_lora:
-        q_lora = c.int("q_lora_rank")
-        fused = Linear("fused_qkv_a_proj", "linear", q_lora + kv_lora + rope, hidden, layers, dtype)
+        facts["q_lora_rank"] = c.int("q_lora_rank")
+        fused = Linear("fused_qkv_a_proj", "linear", *_shape(c, "fused_qkv_a_proj", tp, **facts), layers, dtype)
         # On sm_90 and sm_100 vLLM runs its own dsv3_fused_a_gemm on this BF16 shape, inside the layer's forward.
         if (fused.n, fused.k, dtype) == (2112, 7168, "bf16") and target in ("sm_90a", "sm_100a"):
             fused = Linear(fused.name, fused.kind, fused.n, fused.k, fused.calls, dtype, plugin=FAST_PATH)
-        out += [fused, Linear("q_b_proj", "linear", local * (nope + rope), q_lora, layers, dtype)]
+        out += [fused, Linear("q_b_proj", "linear", *_shape(c, "q_b_proj", tp, **facts), layers, dtype)]
     else:
         out += [
-            Linear("q_proj", "linear", local * (nope + rope), hidden, layers, dtype),
-            Linear("kv_a_proj_with_mqa", "linear", kv_lora + rope, hidden, layers, dtype),
+            Linear("q_proj", "linear", *_shape(c, "q_proj", tp, **facts), layers, dtype),
+            Linear("kv_a_proj_with_mqa", "linear", *_shape(c, "kv_a_proj_with_mqa", tp, **facts), layers, dtype),
         ]
     # Decode absorbs kv_b_proj into MLA's bmm weights: it is built, but called only by prefill.
-    out.append(Linear("kv_b_proj", "linear", local * (nope + v_dim), kv_lora, 0, dtype))
-    out.append(Linear("o_proj", "linear", hidden, local * v_dim, layers, dtype))
+    out.append(Linear("kv_b_proj", "linear", *_shape(c, "kv_b_proj", tp, **facts), 0, dtype))
+    out.append(Linear("o_proj", "linear", *_shape(c, "o_proj", tp, **facts), layers, dtype))
     first_dense = min(c.count("first_k_dense_replace"), layers)
     moe_layers = layers - first_dense
-    out += _mlp(c, tp, c.int("intermediate_size"), first_dense, dtype, prefix="dense_")
+    out += _mlp(c, tp, first_dense, dtype, "dense_", dense_intermediate=c.int("intermediate_size"))
     shared = c.count("n_shared_experts")
     if shared and moe_layers:
         moe_inter = c.int("moe_intermediate_size")
-        out += _mlp(c, tp, moe_inter * shared, moe_layers, dtype, prefix="shared_expert_")
+        out += _mlp(c, tp, moe_layers, dtype, "shared_expert_", shared_experts=shared, moe_intermediate=moe_inter)
     if moe_layers:
-        out.append(Linear("router", "router", c.int("n_routed_experts"), hidden, moe_layers, "bf16", plugin=ROUTER))
+        out.append(_router(c, tp, "n_routed_experts", moe_layers))
     out.append(_head(c, tp))
     return out
 
@@ -455,12 +325,12 @@ def derive(config: dict, tp: int, source: str, target: str | None = None) -> tup
             )
         arch = TEXT_ARCH[model_type]
         # The wrapper's own quantization_config applies to its language model too.
-        fields = {**DEFAULTS[model_type], **text}
+        fields = {**hf_defaults().get(model_type, {}), **text}
         if "quantization_config" in config:
             fields.setdefault("quantization_config", config["quantization_config"])
     else:
         families = {**DENSE, **MOE, **MLA, **GPT_OSS, **GLM4_MOE}
-        fields = {**DEFAULTS.get(families.get(arch), {}), **config}
+        fields = {**hf_defaults().get(families.get(arch), {}), **config}
     c = _Fields(fields, source)
     if arch in DENSE:
         return outer, _dense(c, tp, arch)
@@ -480,46 +350,17 @@ def derive(config: dict, tp: int, source: str, target: str | None = None) -> tup
 
 
 def catalogue_linears(slug: str, tp: int) -> tuple[str, list[Linear]]:
-    """(display name, per-rank linears) of a catalogue model, from its ``linears``."""
-    path = MODELS_DIR / f"{slug}.json"
-    data = _read_json(path)
-    f = Fields(path, CoverageError)
-    linears = f.obj(f.get(data, "linears"), "field 'linears'")
-    out, tps = [], set()
-    for name, spec in sorted(linears.items()):
-        place = f"linears.{name}"
-        shapes = f.obj(f.obj(spec, place).get("tp", {}), f"{place}.tp")
-        if not all(t.isdigit() for t in shapes):
-            f.fail(f"{place}.tp", sorted(shapes), "TP sizes")
-        tps |= set(shapes)
-        if str(tp) not in shapes:
-            continue
-        shape = shapes[str(tp)]
-        if type(shape) is not list or len(shape) != 2:
-            f.fail(f"{place}.tp.{tp}", shape, "[n, k]")
-        n, k = (f.pos_int(v, f"{place}.tp.{tp}") for v in shape)
-        kind = f.text(spec.get("kind", "lm_head" if name == "lm_head" else "linear"), f"{place}.kind")
-        plugin = f.text(spec.get("plugin", CANDIDATE), f"{place}.plugin")  # a biased layer is a candidate too
-        calls = spec.get("calls_per_step", 0)
-        if type(calls) is not int or not 0 <= calls <= I32_MAX:
-            f.fail(f"{place}.calls_per_step", calls, "an int >= 0")
-        out.append(
-            Linear(
-                name,
-                kind,
-                n,
-                k,
-                calls,
-                f.text(spec.get("dtype", "bf16"), f"{place}.dtype"),
-                f.boolean(spec.get("bias", False), f"{place}.bias"),
-                plugin,
-            )
-        )
+    """(display name, per-rank linears) of a catalogue model, from its ``linears`` (read by runtime/modelfile.py)."""
+    path = modelfile.catalogue_path(slug)
+    try:
+        data = modelfile.load(path)
+    except InputError as exc:
+        raise CoverageError(str(exc)) from None
+    out = modelfile.linears(data, tp)
     if not out:
-        raise CoverageError(
-            f"{path}: no linears at --tp {tp} (the catalogue lists TP {', '.join(sorted(tps, key=int))})"
-        )
-    return f.text(data.get("name", slug), "field 'name'"), out
+        listed = ", ".join(str(t) for t in modelfile.tps(data))
+        raise CoverageError(f"{where(path)}: no linears at --tp {tp} (the catalogue lists TP {listed})")
+    return data["name"], out
 
 
 def _read_json(path: Path) -> dict:
@@ -531,10 +372,6 @@ def _read_json(path: Path) -> dict:
     if type(data) is not dict:
         raise CoverageError(f"{where(path)}: not a JSON object")
     return data
-
-
-def catalogue_slugs() -> list[str]:
-    return sorted(p.stem for p in MODELS_DIR.glob("*.json") if p.stem != "catalogue")
 
 
 # ---- plans ---------------------------------------------------------------------------------------------------------
@@ -595,15 +432,15 @@ def report(model: str, tp: int, arch: str, plan_file: Path | None = None) -> dic
     if os.path.lexists(path):  # whatever it is: the reader refuses a FIFO, a device or a link in one line
         hf_arch, linears = derive(_read_json(path), tp, where(path), arch)
         name, source = hf_arch, where(path)
-    elif (MODELS_DIR / f"{model}.json").is_file() and model != "catalogue":
+    elif model in modelfile.slugs():
         name, linears = catalogue_linears(model, tp)
         source = f"catalogue {model}"
     else:
         raise CoverageError(
-            f"{where(model)}: neither a config.json (or its folder) nor a catalogue model ({', '.join(catalogue_slugs())})"
+            f"{where(model)}: neither a config.json (or its folder) nor a catalogue model ({', '.join(modelfile.slugs())})"
         )
     plans, plans_source = planned(arch, plan_file)
-    total = sum(lin.bytes_per_step for lin in linears)
+    total = sum(bytes_per_step(lin) for lin in linears)
     rows, covered = [], dict.fromkeys(MS, 0.0)
     for lin in linears:
         shape_plans = plans.get((lin.n, lin.k), {})
@@ -611,11 +448,11 @@ def report(model: str, tp: int, arch: str, plan_file: Path | None = None) -> dic
         # A biased layer is routed, but runs a plan only where the plan adds a bias; elsewhere F.linear.
         routed = [m for m in MS if m in shape_plans and _routable(lin) and (shape_plans[m] or not lin.bias)]
         for m in routed:
-            covered[m] += lin.bytes_per_step
+            covered[m] += bytes_per_step(lin)
         rows.append(
             {
                 **asdict(lin),
-                "bytes_per_step": lin.bytes_per_step,
+                "bytes_per_step": bytes_per_step(lin),
                 "planned_ms": ms,
                 "routed_ms": routed,
                 "status": _status(lin, ms, routed),
@@ -676,7 +513,7 @@ def markdown(data: dict) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "model",
-        help="a Hugging Face config.json (or its folder), or a catalogue model: " + ", ".join(catalogue_slugs()),
+        help="a Hugging Face config.json (or its folder), or a catalogue model: " + ", ".join(modelfile.slugs()),
     )
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     p.add_argument(

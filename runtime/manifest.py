@@ -35,6 +35,8 @@ PARAM_BYTES = 40
 # code on 12.1, since the kernels use no arch-specific instruction on GB10.
 ARCH_FOR_CAPABILITY = {(9, 0): "sm_90a", (12, 1): "sm_121"}
 CAPABILITY_FOR_ARCH = {arch: cap for cap, arch in ARCH_FOR_CAPABILITY.items()}
+# Every target a build can hold, in build order (CMakeLists.txt, which cannot import this, keeps its own list).
+ARCHS = tuple(ARCH_FOR_CAPABILITY.values())
 
 
 # Bounds of the numbers a manifest may hold: n and k are i32 kernel parameters.

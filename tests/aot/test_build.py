@@ -8,9 +8,7 @@ import pytest
 
 from skinny_gemm.aot import build, plans
 from skinny_gemm.runtime import elf
-from skinny_gemm.runtime.manifest import PARAMS, parse
-
-ARCHS = ("sm_90a", "sm_121")
+from skinny_gemm.runtime.manifest import ARCHS, PARAMS, parse
 
 
 def test_build_collapses_entries_into_variants(built):

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from skinny_gemm.aot import build, models, plans, verify
+from skinny_gemm.aot import build, plans, verify
+from skinny_gemm.runtime import modelfile
 
 # A reason names the config rule heuristic_config hit, or the bias a config of this tree cannot add.
 REASON_PREFIXES = ("bias", "heuristic_config failed")
@@ -125,5 +126,5 @@ def test_catalogue_size():
     """The numbers docs/tuning.md states: models, distinct BF16 candidate shapes, cells at M 1, 2, 4, 8, 16."""
     pairs = plans.model_tps(None, None, True)
     cells = plans.catalogue_cells(pairs, plans.CATALOGUE_MS)
-    assert len(models.catalogue()) == 16 and len(pairs) == 48
+    assert len(modelfile.catalogue()) == 16 and len(pairs) == 48
     assert len({(c.n, c.k) for c in cells}) == 161 and len(cells) == 805

@@ -6,16 +6,17 @@ import json
 import pytest
 
 from skinny_gemm.aot import cli, models, plans
+from skinny_gemm.runtime import modelfile
 
 
 def test_every_model_file_parses_and_agrees_with_its_arch():
     assert models.catalogue_problems() == []
-    assert len(models.catalogue()) == 16  # the 15 popular models and the seed model
+    assert len(modelfile.catalogue()) == 16  # the 15 popular models and the seed model
 
 
 def _problems(tmp_path, slug, edit):
     """The check's lines for a copy of a catalogue file changed by ``edit``."""
-    data = json.loads(models.model_path(slug).read_text())
+    data = json.loads(modelfile.catalogue_path(slug).read_text())
     edit(data)
     path = tmp_path / f"{slug}.json"
     path.write_text(json.dumps(data))
@@ -85,7 +86,7 @@ def test_unreadable_and_unknown_models_are_one_line(tmp_path):
 
 def test_cells_per_tp_follow_the_sharding():
     llama = models.load("llama-3.1-8b")
-    assert models.tps(llama) == [1, 2, 4, 8]
+    assert modelfile.tps(llama) == [1, 2, 4, 8]
     assert models.shapes(llama, 1) == {
         (6144, 4096): False,
         (4096, 4096): False,
@@ -98,7 +99,7 @@ def test_cells_per_tp_follow_the_sharding():
     assert models.shapes(gpt, 8) == {(640, 2880): True, (2880, 512): True, (25136, 2880): False}
     dsv3 = models.load("deepseek-v3")
     assert models.shapes(dsv3, 8) == {(16160, 7168): False}, "the FP8 checkpoint keeps only the LM head in BF16"
-    reasons = {lin.name: lin.skip_reason for lin in models.linears(models.load("kimi-k2-thinking"), 8)}
+    reasons = {lin.name: lin.skip_reason for lin in modelfile.linears(models.load("kimi-k2-thinking"), 8)}
     assert reasons["fused_qkv_a_proj"].startswith("vllm fast path")
     assert reasons["kv_b_proj"].startswith("not called at decode")
     assert reasons["router"].startswith("router")
@@ -108,13 +109,13 @@ def test_the_seed_model_gives_the_seed_set():
     """glm-5.3-flash at TP 4 and 8 has exactly the sm_90a seed set's shapes (the committed plan's)."""
     glm = models.load("glm-5.3-flash")
     _, entries = plans.load(plans.plan_path("sm_90a"))
-    seed = {(n, k) for n, k, _ in plans.seed_shapes("sm_90a", models.model_path("glm-5.3-flash"))}
+    seed = {(n, k) for n, k, _ in plans.seed_shapes("sm_90a", modelfile.catalogue_path("glm-5.3-flash"))}
     assert {s for tp in (4, 8) for s in models.shapes(glm, tp)} == seed
     assert seed <= {(e.n, e.k) for e in entries}, "the plan serves the seed set (and catalogue models beside it)"
 
 
 def test_corrections_say_why():
-    for slug in models.catalogue():
+    for slug in modelfile.catalogue():
         data = models.load(slug)
         for fix in data.get("corrections", []):
             assert fix["field"] and len(fix["why"]) > 20, (slug, fix)
@@ -149,13 +150,13 @@ def test_all_with_a_tp_takes_the_models_that_list_it():
 def test_a_broken_catalogue_file_stops_the_planner_with_its_lines(tmp_path, monkeypatch):
     broken = tmp_path / "models"
     broken.mkdir()
-    for path in models.MODELS_DIR.glob("*.json"):
+    for path in modelfile.MODELS_DIR.glob("*.json"):
         (broken / path.name).write_text(path.read_text())
     data = json.loads((broken / "qwen3-8b.json").read_text())
     bad = copy.deepcopy(data)
     bad["linears"]["qkv_proj"]["tp"]["1"] = [6000, 4096]
     (broken / "qwen3-8b.json").write_text(json.dumps(bad))
-    monkeypatch.setattr(models, "MODELS_DIR", broken)
+    monkeypatch.setattr(modelfile, "MODELS_DIR", broken)
     with pytest.raises(models.ModelError, match=r"qwen3-8b.json: linears.qkv_proj.tp.1: \[6000, 4096\]"):
         plans.model_tps(None, None, True)
 
@@ -165,7 +166,7 @@ def test_malformed_model_files_give_lines_never_a_traceback(tmp_path):
     import random
 
     rng = random.Random(1)
-    files = sorted(p for p in models.MODELS_DIR.glob("*.json") if p.name != models.CATALOGUE_FILE)
+    files = sorted(p for p in modelfile.MODELS_DIR.glob("*.json") if p.name != modelfile.CATALOGUE_FILE)
     base = [json.loads(p.read_text()) for p in files]
     junk = [None, 0, -1, 1.5, "x", True, [], {}, [1], {"9": [1, 2]}, {"8": "x"}, {"1": [1]}]
     path = tmp_path / "fuzz.json"

@@ -8,8 +8,9 @@ from helpers.fake_step import HAND_MODEL as HAND
 
 from skinny_gemm.aot import plans, steps
 from skinny_gemm.aot.steps import Op, StepError
+from skinny_gemm.runtime import modelfile
 
-STEP_FILES = sorted(p for p in steps.MODELS_DIR.glob("*.json") if "step" in json.loads(p.read_text()))
+STEP_FILES = sorted(p for p in modelfile.MODELS_DIR.glob("*.json") if "step" in json.loads(p.read_text()))
 
 
 def test_the_step_files_cover_glm_and_the_dense_models():
@@ -164,7 +165,7 @@ def test_a_bad_step_file_is_one_line_naming_the_file_and_the_entry(tmp_path):
 
 def test_decode_steps_without_a_step_are_empty(tmp_path):
     path = tmp_path / "shapes.json"
-    model = json.loads((steps.MODELS_DIR / "glm-5.3-flash.json").read_text())
+    model = json.loads((modelfile.MODELS_DIR / "glm-5.3-flash.json").read_text())
     path.write_text(json.dumps(model))
     assert sorted(plans.decode_steps("sm_90a", path)) == [4, 8]
     assert plans.decode_steps("sm_121", path) == {}, "the step is stated for TP 4 and 8, the sm_121 set is TP 2"

@@ -13,6 +13,7 @@ from skinny_gemm.aot.report import geomean, markdown
 from skinny_gemm.aot.results import MIN_SPEEDUP, isolated_winners, merge_results, results_files, write_plan
 from skinny_gemm.aot.served import bench_served, load_peer, steps_build
 from skinny_gemm.kernels.config import KernelConfig
+from skinny_gemm.runtime import modelfile
 
 # The committed H200 tuner results the sm_90a plan is derived from.
 TUNING = PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a"
@@ -478,9 +479,8 @@ def test_no_pdl_twins_are_valid_new_configs():
 
 
 def test_served_steps_hold_the_ops_between_the_gemms():
-    from skinny_gemm.aot import steps
 
-    path = steps.MODELS_DIR / "glm-5.3-flash.json"
+    path = modelfile.MODELS_DIR / "glm-5.3-flash.json"
     served = decode_phase.served_steps("sm_90a", path, [1, 4])
     assert [s["tp"] for s in served] == [4, 8]
     for entry in served:
@@ -592,7 +592,7 @@ def test_bench_served_runs_the_peer_pdl_off_and_on_where_it_has_a_variant(monkey
 
 def test_prepare_writes_the_served_step_and_the_no_pdl_twins(monkeypatch, tmp_path):
     """`tune prepare` on the GLM model file: cells.json holds each TP's served step per M, candidates their twins."""
-    from skinny_gemm.aot import build, steps
+    from skinny_gemm.aot import build
 
     compiled = {}
 
@@ -601,7 +601,7 @@ def test_prepare_writes_the_served_step_and_the_no_pdl_twins(monkeypatch, tmp_pa
 
     monkeypatch.setattr(build, "build_configs", fake_build)
     monkeypatch.setattr(build, "main_summary", lambda result: "built")
-    model = steps.MODELS_DIR / "glm-5.3-flash.json"
+    model = modelfile.MODELS_DIR / "glm-5.3-flash.json"
     line = prepare("sm_90a", model, tmp_path, ms=[2])
     spec = json.loads((tmp_path / CELLS_FILE).read_text())
     assert "no decode phase" not in line and [d["tp"] for d in spec["decode"]] == [4, 8]
@@ -633,11 +633,11 @@ def test_bench_served_refuses_to_time_a_planned_cell_that_would_fall_back(monkey
 
 def test_prepare_tunes_m8_beyond_the_seed_sets_token_counts(monkeypatch, tmp_path):
     """M=8 (a vLLM graph size the kernels run) on the seed set's shapes, with its served step."""
-    from skinny_gemm.aot import build, steps
+    from skinny_gemm.aot import build
 
     monkeypatch.setattr(build, "build_configs", lambda arch, configs, *a, **kw: None)
     monkeypatch.setattr(build, "main_summary", lambda result: "built")
-    prepare("sm_90a", steps.MODELS_DIR / "glm-5.3-flash.json", tmp_path, ms=[4, 8], twins=False)
+    prepare("sm_90a", modelfile.MODELS_DIR / "glm-5.3-flash.json", tmp_path, ms=[4, 8], twins=False)
     spec = json.loads((tmp_path / CELLS_FILE).read_text())
     assert {r["m"] for r in spec["cells"]} == {4, 8} and len(spec["cells"]) == 26
     assert set(spec["decode"][0]["step"]) == {"4", "8"}

@@ -8,8 +8,9 @@ import pytest
 from skinny_gemm.aot import build, candidates, cli, decode_phase, plans, steps
 from skinny_gemm.aot.prepare import CELLS_FILE, prepare
 from skinny_gemm.kernels.config import KernelConfig
+from skinny_gemm.runtime import modelfile
 
-GLM = steps.MODELS_DIR / "glm-5.3-flash.json"
+GLM = modelfile.MODELS_DIR / "glm-5.3-flash.json"
 
 
 @pytest.fixture
@@ -126,7 +127,7 @@ def test_a_catalogue_model_gets_its_served_step_at_every_asked_tp(compiled, tmp_
     spec = _spec(tmp_path)
     assert "no decode phase" not in line
     assert [d["tp"] for d in spec["decode"]] == [1, 8]
-    model = steps.load(steps.model_path("llama-3.1-8b"))
+    model = steps.load("llama-3.1-8b")
     cell_shapes = {(r["n"], r["k"]) for r in spec["cells"]}
     for entry in spec["decode"]:
         assert set(entry["step"]) == {"1", "8"}

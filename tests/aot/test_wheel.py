@@ -16,8 +16,10 @@ import pytest
 
 from skinny_gemm.aot import verify
 from skinny_gemm.aot.build import PACKAGE_ROOT
+from skinny_gemm.runtime.manifest import ARCHS
 
-TAGS = {"sm_90a": "0sm90a", "sm_121": "0sm121"}
+# A wheel of one arch is tagged 0 + its name without the underscore (pyproject.toml's overrides).
+TAGS = {arch: "0" + arch.replace("_", "") for arch in ARCHS}
 pytestmark = pytest.mark.slow
 
 
@@ -56,6 +58,7 @@ def test_wheel_name_and_contents_per_arch(wheels):
         assert archs == {arch}
         assert f"skinny_gemm/artifacts/{arch}/manifest.json" in names
         assert "skinny_gemm/__init__.py" in names and "skinny_gemm/runtime/loader.py" in names
+        assert "skinny_gemm/runtime/hf_defaults.json" in names, "coverage's data ships beside it"
         meta = zipfile.ZipFile(path).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         requires = [line for line in meta.splitlines() if line.startswith("Requires-Dist:")]
         assert not any("cutlass" in line and "extra ==" not in line for line in requires), requires
@@ -110,6 +113,12 @@ def test_wheel_installs_in_fresh_venv_without_cutlass(wheels, tmp_path):
         ver = subprocess.run([py, "-m", "skinny_gemm", "verify"], capture_output=True, text=True, cwd=tmp_path)
         assert ver.returncode == 0, ver.stdout + ver.stderr
         assert ver.stdout.startswith("OK ") and arch in ver.stdout
+        # Every size of this config comes from the defaults table the wheel ships (runtime/hf_defaults.json).
+        (tmp_path / "config.json").write_text('{"architectures": ["Qwen3ForCausalLM"]}')
+        cov = subprocess.run(
+            [py, "-m", "skinny_gemm", "coverage", "config.json"], capture_output=True, text=True, cwd=tmp_path
+        )
+        assert cov.returncode == 0 and "| qkv_proj | 12288 | 4096 | 32 |" in cov.stdout, cov.stdout + cov.stderr
     # The CLI's help, its version and the bare module list the verbs without importing torch (seconds).
     probe = (
         "import sys, contextlib, io\nfrom skinny_gemm.aot.cli import main\n"

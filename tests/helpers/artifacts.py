@@ -19,9 +19,7 @@ from skinny_gemm.runtime import driver as driver_mod
 from skinny_gemm.runtime import loader
 from skinny_gemm.runtime.artifacts import ENV_ARTIFACTS
 from skinny_gemm.runtime.devices import ArtifactWarning
-from skinny_gemm.runtime.manifest import MANIFEST_NAME
-
-ARCHS = ("sm_90a", "sm_121")
+from skinny_gemm.runtime.manifest import ARCHS, MANIFEST_NAME
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from skinny_gemm.runtime import coverage
+from skinny_gemm.runtime import coverage, modelfile
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "tests" / "helpers" / "hf_configs"
@@ -68,7 +68,7 @@ def test_mla_bf16_fused_a_proj_is_vllms_own_kernel_on_sm90():
         name: [*spec["tp"]["8"], spec["calls_per_step"], spec["plugin"]] for name, spec in catalogue.items()
     }
     _, on_gb10 = coverage.derive(config, 8, "kimi", target="sm_121")
-    assert {lin.name: lin.plugin for lin in on_gb10}["fused_qkv_a_proj"] == coverage.CANDIDATE
+    assert {lin.name: lin.plugin for lin in on_gb10}["fused_qkv_a_proj"] == modelfile.CANDIDATE
 
 
 def test_dense_table(capsys):
@@ -155,6 +155,31 @@ def _bad(tmp_path, capsys, text, name="config.json", tp=1):
     (line,) = err.splitlines()
     assert line.startswith(f"error: {path}: ")
     return line
+
+
+def test_the_defaults_table_is_stable_data_for_every_family():
+    """hf_defaults.json is written as runtime.manifest.dumps writes (sorted, stable) and has each family's class."""
+    from skinny_gemm.runtime.manifest import dumps
+
+    text = coverage.DEFAULTS_FILE.read_text()
+    assert dumps(json.loads(text)) == text
+    assert set(coverage.hf_defaults()) == set(coverage.TEXT_ARCH)
+
+
+def test_a_damaged_defaults_table_is_one_line(tmp_path, monkeypatch, capsys):
+    bad = tmp_path / "hf_defaults.json"
+    bad.write_text(json.dumps({"model_types": {"qwen3": {"hidden_size": "4096"}}}))
+    monkeypatch.setattr(coverage, "DEFAULTS_FILE", bad)
+    coverage.hf_defaults.cache_clear()
+    try:
+        rc, out, err = _run(capsys, CONFIGS / "qwen3-8b.json")
+    finally:
+        coverage.hf_defaults.cache_clear()
+    assert (
+        rc == 2
+        and out == ""
+        and err == f"error: {bad}: model_types.qwen3.hidden_size is '4096', must be an int >= 0 or true/false\n"
+    )
 
 
 def test_bad_input_is_one_line_naming_file_and_field(tmp_path, capsys):
@@ -246,17 +271,17 @@ def test_biased_layer_is_covered_only_by_a_plan_that_adds_the_bias(tmp_path, cap
 def test_catalogue_plugin_values_are_the_ones_coverage_knows():
     """`plugin` says only whether vLLM's plugin may route a layer: a biased layer and a tied LM head (a
     ParallelLMHead sharing embed_tokens' weight in vLLM 0.32) are candidates; routers and vLLM's fast path not."""
-    known = {coverage.CANDIDATE, coverage.ROUTER, coverage.FAST_PATH}
+    known = {modelfile.CANDIDATE, modelfile.ROUTER, modelfile.FAST_PATH}
     biased = []
     for path in sorted(MODELS.glob("*.json")):
         for name, spec in json.loads(path.read_text()).get("linears", {}).items():
-            assert spec.get("plugin", coverage.CANDIDATE) in known, (path.name, name, spec.get("plugin"))
+            assert spec.get("plugin", modelfile.CANDIDATE) in known, (path.name, name, spec.get("plugin"))
             if spec.get("bias") and spec.get("kind") != "router":
                 biased.append((path.stem, name, spec["plugin"]))
-    assert biased and {plugin for *_, plugin in biased} == {coverage.CANDIDATE}, biased
+    assert biased and {plugin for *_, plugin in biased} == {modelfile.CANDIDATE}, biased
     _, linears = coverage.catalogue_linears("gemma-3-27b", 1)
     (head,) = [lin for lin in linears if lin.name == "lm_head"]
-    assert (head.kind, head.plugin, coverage._status(head, [1], [1])) == ("lm_head", coverage.CANDIDATE, "routed")
+    assert (head.kind, head.plugin, coverage._status(head, [1], [1])) == ("lm_head", modelfile.CANDIDATE, "routed")
 
 
 # ---- against vLLM's own layers ------------------------------------------------------------------------------------
@@ -333,7 +358,7 @@ def _coverage_layers(linears, layers: int) -> Counter:
     for lin in linears:
         # kv_b_proj is built in every MLA layer but called by prefill only (calls = 0).
         built = lin.calls or layers
-        found[(lin.n, lin.k, lin.bias, lin.dtype, lin.plugin == coverage.CANDIDATE)] += built
+        found[(lin.n, lin.k, lin.bias, lin.dtype, lin.plugin == modelfile.CANDIDATE)] += built
     return found
 
 
@@ -355,7 +380,8 @@ def test_coverage_equals_vllms_built_layers_on_public_configs(vllm_built):
         _, linears = coverage.derive(config, tp, repo)
         text = config.get("text_config") or config
         layers = (
-            text.get("num_hidden_layers") or coverage.DEFAULTS[text.get("model_type", "llama")]["num_hidden_layers"]
+            text.get("num_hidden_layers")
+            or coverage.hf_defaults()[text.get("model_type", "llama")]["num_hidden_layers"]
         )
         assert _coverage_layers(linears, layers) == _vllm_layers(result), (repo, tp)
         compared.add((repo, tp))
