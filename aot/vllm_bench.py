@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..runtime import jsonfile
+
 # vLLM architecture and model_type per catalogue family: the dense models a config.json can be made for.
 FAMILIES = {
     "llama": ("LlamaForCausalLM", "llama"),
@@ -58,9 +60,9 @@ def model_config(model: str, folder: Path) -> tuple[str, Path]:
         path = path / "config.json"
     if path.is_file():
         try:
-            config = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise VllmBenchError(f"{path}: not a readable JSON config ({exc})") from None
+            config = jsonfile.read_json(path, "config")
+        except jsonfile.InputError as exc:
+            raise VllmBenchError(f"{exc}: not a readable JSON config") from None
         if not isinstance(config, dict) or not isinstance(config.get("architectures"), list):
             raise VllmBenchError(f"{path}: field 'architectures' missing: not a Hugging Face config.json")
         folder.mkdir(parents=True, exist_ok=True)
