@@ -20,24 +20,15 @@ Not a plan kind yet: no tail, no bias, no residual.
 """
 
 import dataclasses
-import importlib.util
 import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wgmma_v1 import LBO, SBO, _source_tree, emulate, staged_word, tile_bytes  # noqa: E402  (the mapping, staging and emulation)
+
 ROWS = 64  # weight rows per warpgroup: one wgmma M
-LBO, SBO = 128, 256  # K-adjacent and N-adjacent core matrices (8 tokens x 16 B each)
-
-
-def tile_bytes(nt: int) -> int:
-    """One MMA's B tile: nt tokens x 16 k x 2 B."""
-    return nt * 32
-
-
-def staged_word(t: int, h: int, hi: int) -> int:
-    """Which real word u (2 bf16, real k 2u, 2u+1 of a 32-k step) lands in word t of row (MMA h, k half hi)."""
-    return 4 * t + 2 * h + hi
 
 
 @dataclass(frozen=True)
@@ -132,51 +123,6 @@ def emulate_walk() -> None:
             want = {(t, r, b) for t in range(n // cfg.rows) for r in range(cfg.split) for b in range(cfg.blocks)}
             assert len(seen) == len(want) and set(seen) == want, (cfg.name, n)
     print("walk: every (tile, K slice, block) exactly once for every variant")
-
-
-def emulate(m: int = 16, k: int = 128, seed: int = 0) -> float:
-    """The staging (16-byte rows) and fragment math for one warp's 16 rows, in numpy; max relative error."""
-    import numpy as np
-
-    nt = 8 if m <= 8 else 16
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((m, k))
-    w = rng.standard_normal((16, k))
-    smem = np.zeros((k // 32) * 2 * tile_bytes(nt) // 2)
-    for gs in range(k // 32):
-        for j in range(nt):
-            u = [(x[j, 32 * gs + 2 * i], x[j, 32 * gs + 2 * i + 1]) if j < m else (0.0, 0.0) for i in range(16)]
-            for h in range(2):
-                for hi in range(2):
-                    off = (gs * 2 + h) * tile_bytes(nt) + (j // 8) * SBO + hi * LBO + (j % 8) * 16
-                    for t in range(4):
-                        smem[off // 2 + 2 * t: off // 2 + 2 * t + 2] = u[staged_word(t, h, hi)]
-    acc = np.zeros((16, nt))
-    for gs in range(k // 32):
-        for h in range(2):
-            base = (gs * 2 + h) * tile_bytes(nt)
-
-            def b(j, kp):
-                return smem[(base + (j // 8) * SBO + (kp // 8) * LBO + (j % 8) * 16 + (kp % 8) * 2) // 2]
-
-            for lane in range(32):
-                g, q = lane // 4, lane % 4
-                for row in (g, g + 8):
-                    words = [(w[row, 32 * gs + 8 * q + 2 * i], w[row, 32 * gs + 8 * q + 2 * i + 1]) for i in range(4)]
-                    lo, hi_ = words[2 * h], words[2 * h + 1]
-                    for j in range(nt):
-                        acc[row, j] += lo[0] * b(j, 2 * q) + lo[1] * b(j, 2 * q + 1)
-                        acc[row, j] += hi_[0] * b(j, 2 * q + 8) + hi_[1] * b(j, 2 * q + 9)
-    ref = w @ x.T
-    return float(np.abs(acc[:, :m] - ref).max() / np.abs(ref).max())
-
-
-def _source_tree() -> None:
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("_skinny_source_tree", root / "aot" / "source_tree.py")
-    tree = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tree)
-    tree.register()
 
 
 def variants() -> list[V2Config]:

@@ -18,15 +18,11 @@ from pathlib import Path
 import torch
 from cuda.bindings import driver as d
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wgmma_v1_run import PER_GRAPH, make_graph, ok, replay_us  # noqa: E402
+
 SHAPES = [(4096, 4096), (6144, 4096), (24576, 4096), (28672, 4096), (128256, 4096), (4096, 14336)]
-PER_GRAPH = 20
 SMS = 132
-
-
-def ok(result):
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    assert int(err) == 0, err
-    return rest[0] if len(rest) == 1 else rest
 
 
 def kernel(cubin: Path, info: dict):
@@ -57,23 +53,6 @@ def launcher(fn, info, grid, x, w, out, n, k):
 
     launch.keep = (args, argv, cfg)
     return launch
-
-
-def make_graph(fns) -> torch.cuda.CUDAGraph:
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(PER_GRAPH):
-            fns[i % len(fns)]()
-    return graph
-
-
-def replay_us(graph) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / PER_GRAPH
 
 
 def grids(info: dict, n: int) -> list[tuple[str, int]]:

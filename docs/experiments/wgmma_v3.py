@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import wgmma_v1 as v1  # noqa: E402
 import wgmma_v2 as v2  # noqa: E402
 
 ROWS = 64
@@ -67,7 +68,7 @@ class V3Config:
 
     @property
     def token_smem(self) -> int:
-        return self.kc // 32 * 2 * v2.tile_bytes(self.nt)
+        return self.kc // 32 * 2 * v1.tile_bytes(self.nt)
 
     @property
     def ring_smem(self) -> int:
@@ -165,7 +166,7 @@ def variants() -> list[V3Config]:
 
 
 def build(out_dir: Path, only: str = "") -> None:
-    v2._source_tree()
+    v1._source_tree()
     import cutlass
     import cutlass.cute as cute
 
@@ -208,7 +209,7 @@ def build(out_dir: Path, only: str = "") -> None:
             cfg = self.cfg
             M, NT, K, U, S, R = cfg.m, cfg.nt, cfg.k, cfg.unroll, cfg.split, cfg.ring
             NA = NT // 2
-            TILE = v2.tile_bytes(NT)
+            TILE = v1.tile_bytes(NT)
             KC = cfg.kc
             CPT = cfg.chunks
             BPC = cfg.chunk // 32 // U  # asm blocks per chunk
@@ -260,10 +261,10 @@ def build(out_dir: Path, only: str = "") -> None:
                         u[4 * cc + e] = v[e] & keep
                 for h in cutlass.range_constexpr(2):
                     for hi in cutlass.range_constexpr(2):
-                        off = (gs * 2 + h) * TILE + (j // 8) * v2.SBO + hi * v2.LBO + (j % 8) * 16
+                        off = (gs * 2 + h) * TILE + (j // 8) * v1.SBO + hi * v1.LBO + (j % 8) * 16
                         row = cute.make_rmem_tensor(4, cutlass.Int32)
                         for t in cutlass.range_constexpr(4):
-                            row[t] = u[v2.staged_word(t, h, hi)]
+                            row[t] = u[v1.staged_word(t, h, hi)]
                         cute.make_tensor(smem32 + cute.assume(off // 4, divby=4), cute.make_layout(4)).store(row.load())
             cute.arch.fence_proxy("async.shared", space="cta")
             cute.arch.sync_threads()
@@ -275,8 +276,8 @@ def build(out_dir: Path, only: str = "") -> None:
             # (buffer, word): per step u, rows g (words 8u+0..3) and g + 8 (8u+4..7), read from the ring
             abuf = cute.make_rmem_tensor((2, 8 * U), cutlass.Int32)
             lane_off = (warp * 16 + g) * PITCH + q * 16
-            desc0 = (cutlass.Int64((smem.toint() & 0x3FFFF) >> 4) | (cutlass.Int64(v2.LBO >> 4) << 16)
-                     | (cutlass.Int64(v2.SBO >> 4) << 32))
+            desc0 = (cutlass.Int64((smem.toint() & 0x3FFFF) >> 4) | (cutlass.Int64(v1.LBO >> 4) << 16)
+                     | (cutlass.Int64(v1.SBO >> 4) << 32))
             for ci in cutlass.range(total, unroll=1):
                 s = ci % R
                 kchunk = ci % CPT
