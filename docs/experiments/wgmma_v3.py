@@ -41,6 +41,8 @@ class V3Config:
     ring: int = 4
     unroll: int = 4  # 32-k steps per asm block (one wait)
     persist: int = 0
+    # consumer warpgroups, each on its own 64 of the CTA's rows of every ring stage (warp 0 also refills)
+    wgs: int = 1
     pdl: bool = True
     prefetch: bool = False
     tail: bool = False
@@ -49,9 +51,13 @@ class V3Config:
     def nt(self) -> int:
         return 8 if self.m <= 8 else 16
 
-    threads = 128
-    rows = ROWS
-    wgs = 1
+    @property
+    def threads(self) -> int:
+        return 128 * self.wgs
+
+    @property
+    def rows(self) -> int:
+        return ROWS * self.wgs
 
     @property
     def kc(self) -> int:
@@ -72,7 +78,7 @@ class V3Config:
 
     @property
     def ring_smem(self) -> int:
-        return self.ring * ROWS * self.pitch
+        return self.ring * self.rows * self.pitch
 
     @property
     def red_smem(self) -> int:
@@ -83,24 +89,25 @@ class V3Config:
         return self.token_smem + self.ring_smem + self.red_smem + 16 * self.ring
 
     def grid(self, n: int) -> int:
-        tiles = n // ROWS
+        tiles = n // self.rows
         return (min(tiles, self.persist) if self.persist else tiles) * self.split
 
     def check(self):
         assert 1 <= self.m <= 16 and self.split in (1, 2, 4, 8), self
         assert self.chunk % (32 * self.unroll) == 0 and self.kc % self.chunk == 0, self
-        assert self.ring >= 2 and self.smem <= 227 * 1024, self
+        assert self.ring >= 2 and self.wgs in (1, 2) and self.smem <= 227 * 1024, self
 
     @property
     def name(self) -> str:
-        return f"wgmma_v3_m{self.m}_k{self.k}_x{self.split}_c{self.chunk}_r{self.ring}_u{self.unroll}"
+        wgs = f"_w{self.wgs}" if self.wgs != 1 else ""
+        return f"wgmma_v3_m{self.m}_k{self.k}_x{self.split}_c{self.chunk}_r{self.ring}_u{self.unroll}{wgs}"
 
 
 def walk(cfg: V3Config, n: int):
     """(tile, K slice, chunk) for every chunk the flattened loop of each CTA visits."""
     grid = cfg.grid(n)
     clusters = grid // cfg.split
-    tiles = n // ROWS
+    tiles = n // cfg.rows
     seen = []
     for cta in range(grid):
         c, r = cta // cfg.split, cta % cfg.split
@@ -115,14 +122,14 @@ def emulate_ring(cfg: V3Config) -> None:
     copied = {}
     for chunk in range(cfg.chunks):
         stage = chunk % cfg.ring
-        for r in range(ROWS):
+        for r in range(cfg.rows):
             for kk in range(cfg.chunk):
                 copied[(stage, r * cfg.pitch + 2 * kk)] = (r, chunk * cfg.chunk + kk)
     for chunk in range(cfg.chunks):
         stage = chunk % cfg.ring
         for blk in range(cfg.chunk // 32 // cfg.unroll):
             for u in range(cfg.unroll):
-                for lane in range(128):
+                for lane in range(cfg.threads):
                     warp, g, q = lane // 32, lane % 32 // 4, lane % 4
                     for half in range(2):
                         row = warp * 16 + g + 8 * half
@@ -143,8 +150,10 @@ def emulate_ring(cfg: V3Config) -> None:
 def emulate_all() -> None:
     for cfg in variants():
         for n, persist in [(n, p) for n in (4096, 6144, 28672, 4096 + 192) for p in (0, 7, 132, 264)]:
+            if n % cfg.rows:
+                continue
             seen = walk(dataclasses.replace(cfg, persist=persist), n)
-            want = {(t, r, c) for t in range(n // ROWS) for r in range(cfg.split) for c in range(cfg.chunks)}
+            want = {(t, r, c) for t in range(n // cfg.rows) for r in range(cfg.split) for c in range(cfg.chunks)}
             assert len(seen) == len(want) and set(seen) == want, (cfg.name, n)
         emulate_ring(dataclasses.replace(cfg, k=cfg.chunk * cfg.split * min(cfg.chunks, 2)))
     print(f"walk and ring: {len(variants())} variants, every (tile, K slice, chunk) once, every (row, k) where copied")
@@ -157,6 +166,16 @@ def variants() -> list[V3Config]:
             for split in splits:
                 for chunk, ring, unroll in ((256, 3, 4), (256, 4, 8), (128, 6, 4), (128, 4, 4), (256, 2, 8)):
                     cfg = V3Config(m=m, k=k, split=split, chunk=chunk, ring=ring, unroll=unroll)
+                    try:
+                        cfg.check()
+                    except AssertionError:
+                        continue
+                    out.append(cfg)
+    for m in (8, 16):
+        for k, splits in ((4096, (1, 2, 4)), (14336, (4, 8))):
+            for split in splits:
+                for chunk, ring, unroll in ((128, 4, 4), (128, 3, 4), (256, 2, 8), (128, 5, 4)):
+                    cfg = V3Config(m=m, k=k, split=split, chunk=chunk, ring=ring, unroll=unroll, wgs=2)
                     try:
                         cfg.check()
                     except AssertionError:
@@ -201,7 +220,8 @@ def build(out_dir: Path, only: str = "") -> None:
             self.kernel.set_name_prefix(f"skinny_{self.cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
             cluster = {"cluster": (self.cfg.split, 1, 1)} if self.cfg.split > 1 else {}
             self.kernel(a, w, out, residual, n, k).launch(
-                grid=(n // ROWS * self.cfg.split, 1, 1), block=(128, 1, 1), smem=self.cfg.smem, **cluster)
+                grid=(n // self.cfg.rows * self.cfg.split, 1, 1), block=(self.cfg.threads, 1, 1), smem=self.cfg.smem,
+                **cluster)
 
         @cute.kernel
         def kernel(self, a: cute.Pointer, w: cute.Pointer, out: cute.Pointer, residual: cute.Pointer,
@@ -214,7 +234,7 @@ def build(out_dir: Path, only: str = "") -> None:
             CPT = cfg.chunks
             BPC = cfg.chunk // 32 // U  # asm blocks per chunk
             PITCH = cfg.pitch
-            STAGE = ROWS * PITCH
+            STAGE = cfg.rows * PITCH
             RH = K // 2
             tidx, _, _ = cute.arch.thread_idx()
             bidx, _, _ = cute.arch.block_idx()
@@ -226,7 +246,7 @@ def build(out_dir: Path, only: str = "") -> None:
             rank = bidx % S
             c = bidx // S
             clusters = gdim // S
-            tiles = n // ROWS
+            tiles = n // cfg.rows
             count = (tiles - c + clusters - 1) // clusters
             total = count * CPT
             smem = cute.arch.get_dyn_smem(cutlass.Int8, alignment=1024)
@@ -238,18 +258,18 @@ def build(out_dir: Path, only: str = "") -> None:
             if tidx == 0:
                 for s in cutlass.range_constexpr(R):
                     cute.arch.mbarrier_init(bars + s, 1)
-                    cute.arch.mbarrier_init(empty + s, 128)
+                    cute.arch.mbarrier_init(empty + s, cfg.threads)
                 cute.arch.mbarrier_init_fence()
             cute.arch.sync_threads()
             if cutlass.const_expr(S > 1):
                 cute.arch.inline_ptx("barrier.cluster.arrive.relaxed.aligned;")
-            if tidx == 0:
+            if warp == 0:
                 for s in cutlass.range_constexpr(R):
                     if s < total:
-                        self.issue(w, ring, bars, c, clusters, rank, cutlass.Int32(s), s)
+                        self.issue(w, ring, bars, c, clusters, rank, cutlass.Int32(s), s, lane)
             wait_previous_grid(cfg)
             x32 = cute.recast_ptr(a, dtype=cutlass.Int32)
-            for i in cutlass.range(tidx, (KC // 32) * NT, 128, unroll=1):
+            for i in cutlass.range(tidx, (KC // 32) * NT, cfg.threads, unroll=1):
                 gs = i // NT
                 j = i % NT
                 keep = ((cutlass.Int32(M - 1) - j) >> 31) ^ cutlass.Int32(-1)
@@ -305,10 +325,10 @@ def build(out_dir: Path, only: str = "") -> None:
                     for e in cutlass.range_constexpr(NA):
                         acc[e] = res[e]
                 cute.arch.mbarrier_arrive(empty + s)
-                if tidx == 0:
+                if warp == 0:
                     if ci + R < total:
                         cute.arch.mbarrier_wait(empty + s, (ci // R) & 1)
-                        self.issue(w, ring, bars, c, clusters, rank, ci + R, s)
+                        self.issue(w, ring, bars, c, clusters, rank, ci + R, s, lane)
                 if kchunk == CPT - 1:
                     tile = c + (ci // CPT) * clusters
                     self.finish(acc, red, rank, (ci // CPT) % 2, tidx, warp, g, q, tile, out, n)
@@ -326,16 +346,19 @@ def build(out_dir: Path, only: str = "") -> None:
                         abuf[buf, 8 * u + 4 * half + e] = v[e]
 
         @cute.jit
-        def issue(self, w, ring, bars, c, clusters, rank, ci, stage):
-            """Thread 0: chunk ``ci`` of the walk into ring stage ``stage``, one bulk copy per row."""
+        def issue(self, w, ring, bars, c, clusters, rank, ci, stage, lane):
+            """Warp 0: chunk ``ci`` of the walk into ring stage ``stage``, one bulk copy per row (lane l: rows l + 32i)."""
             cfg = self.cfg
             tile = c + (ci // cfg.chunks) * clusters
             k0 = rank * cfg.kc + (ci % cfg.chunks) * cfg.chunk
             bar = bars + stage
-            cute.arch.mbarrier_arrive_and_expect_tx(bar, ROWS * cfg.chunk * 2)
-            for r in cutlass.range_constexpr(ROWS):
-                src = w + cute.assume((tile * ROWS + r) * cfg.k + k0, divby=8)
-                dst = ring + (stage * ROWS * cfg.pitch + r * cfg.pitch)
+            if lane == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(bar, cfg.rows * cfg.chunk * 2)
+            cute.arch.sync_warp()
+            for i in cutlass.range_constexpr(cfg.rows // 32):
+                r = lane + 32 * i
+                src = w + cute.assume((tile * cfg.rows + r) * cfg.k + k0, divby=8)
+                dst = ring + (stage * cfg.rows * cfg.pitch + r * cfg.pitch)
                 cute.arch.inline_ptx(BULK_COPY_PTX, read_only_args=[dst.toint(), src.toint(),
                                                                     cutlass.Int32(cfg.chunk * 2), bar.toint()])
 
@@ -344,11 +367,11 @@ def build(out_dir: Path, only: str = "") -> None:
             cfg = self.cfg
             NA = cfg.nt // 2
             S = cfg.split
-            slot_floats = (S - 1) * 128 * NA
+            slot_floats = (S - 1) * cfg.threads * NA
             if cutlass.const_expr(S > 1):
                 if rank != 0:
                     for e in cutlass.range_constexpr(NA):
-                        local = (red + parity * slot_floats + ((rank - 1) * 128 + tid) * NA + e).toint()
+                        local = (red + parity * slot_floats + ((rank - 1) * cfg.threads + tid) * NA + e).toint()
                         remote = cute.arch.inline_ptx(MAPA_PTX, write_only_types=[cutlass.Int32],
                                                       read_only_args=[local, cutlass.Int32(0)])
                         cute.arch.inline_ptx(ST_CLUSTER_PTX, read_only_args=[remote, acc[e]])
@@ -356,11 +379,12 @@ def build(out_dir: Path, only: str = "") -> None:
             if rank == 0:
                 if cutlass.const_expr(S > 1):
                     for r in cutlass.range_constexpr(S - 1):
-                        part = cute.make_tensor(red + parity * slot_floats + (r * 128 + tid) * NA, cute.make_layout(NA))
+                        part = cute.make_tensor(red + parity * slot_floats + (r * cfg.threads + tid) * NA,
+                                                cute.make_layout(NA))
                         for e in cutlass.range_constexpr(NA):
                             acc[e] = acc[e] + part[e]
                 out_t = cute.make_tensor(out, cute.make_layout(cfg.m * n))
-                row0 = tile * ROWS + warp * 16
+                row0 = tile * cfg.rows + warp * 16
                 for e in cutlass.range_constexpr(NA):
                     tok = 8 * (e // 4) + 2 * q + e % 2
                     row = row0 + g + 8 * ((e % 4) // 2)
@@ -374,7 +398,7 @@ def build(out_dir: Path, only: str = "") -> None:
             continue
         cubin = compile_kernel(WgmmaV3(cfg), "sm_90a", str(out_dir), cfg.name)
         (out_dir / f"{cfg.name}.cubin").write_bytes(cubin)
-        table[cfg.name] = {"m": cfg.m, "k": cfg.k, "threads": 128, "smem": cfg.smem, "rows": ROWS,
+        table[cfg.name] = {"m": cfg.m, "k": cfg.k, "threads": cfg.threads, "smem": cfg.smem, "rows": cfg.rows,
                            "split": cfg.split, "symbol": f"skinny_{cfg.name}_0"}
         print(cfg.name, len(cubin), "bytes", flush=True)
     (out_dir / "variants.json").write_text(json.dumps(table, indent=1, sort_keys=True))
