@@ -43,6 +43,9 @@ class V3Config:
     persist: int = 0
     # consumer warpgroups, each on its own 64 of the CTA's rows of every ring stage (warp 0 also refills)
     wgs: int = 1
+    # M = 16 as two m64n8k16 MMAs (tokens 0-7 and 8-15, the B descriptor advanced one core matrix along N)
+    # instead of one m64n16k16: is the n16 tile what makes M = 16 take twice M = 8's time?
+    halves: bool = False
     pdl: bool = True
     prefetch: bool = False
     tail: bool = False
@@ -96,10 +99,12 @@ class V3Config:
         assert 1 <= self.m <= 16 and self.split in (1, 2, 4, 8), self
         assert self.chunk % (32 * self.unroll) == 0 and self.kc % self.chunk == 0, self
         assert self.ring >= 2 and self.wgs in (1, 2) and self.smem <= 227 * 1024, self
+        assert not self.halves or self.nt == 16, self
 
     @property
     def name(self) -> str:
         wgs = f"_w{self.wgs}" if self.wgs != 1 else ""
+        wgs += "_h2" if self.halves else ""
         return f"wgmma_v3_m{self.m}_k{self.k}_x{self.split}_c{self.chunk}_r{self.ring}_u{self.unroll}{wgs}"
 
 
@@ -171,6 +176,8 @@ def variants() -> list[V3Config]:
                     except AssertionError:
                         continue
                     out.append(cfg)
+    for split, chunk, ring, unroll in ((2, 256, 2, 8), (2, 256, 4, 8), (1, 256, 2, 8), (4, 256, 3, 4)):
+        out.append(V3Config(m=16, split=split, chunk=chunk, ring=ring, unroll=unroll, halves=True))
     for m in (8, 16):
         for k, splits in ((4096, (1, 2, 4)), (14336, (4, 8))):
             for split in splits:
@@ -193,9 +200,8 @@ def build(out_dir: Path, only: str = "") -> None:
     from skinny_gemm.kernels.skinny_bulk import BULK_COPY_PTX, LDS_PTX
     from skinny_gemm.kernels.skinny_mma import CLUSTER_SYNC_PTX, MAPA_PTX, ST_CLUSTER_PTX
 
-    def wgmma_ptx(nt: int, unroll: int) -> str:
+    def wgmma_ptx(nt: int, unroll: int, halves: bool = False) -> str:
         na = nt // 2
-        d = ", ".join(f"{{$w{e}}}" for e in range(na))
         da = 8 * unroll
         acc0 = da + 2 * unroll
         body = "".join(f"mov.f32 {{$w{e}}}, {{$r{acc0 + e}}};\n\t" for e in range(na))
@@ -203,11 +209,20 @@ def build(out_dir: Path, only: str = "") -> None:
         for u in range(unroll):
             for h in range(2):
                 a = 8 * u + 4 * h
-                body += (f"wgmma.mma_async.sync.aligned.m64n{nt}k16.f32.bf16.bf16 {{{d}}}, "
-                         f"{{{{$r{a}}}, {{$r{a + 1}}}, {{$r{a + 2}}}, {{$r{a + 3}}}}}, {{$r{da + 2 * u + h}}}, "
-                         "p, 1, 1, 0;\n\t")
+                areg = f"{{{{$r{a}}}, {{$r{a + 1}}}, {{$r{a + 2}}}, {{$r{a + 3}}}}}"
+                desc = f"{{$r{da + 2 * u + h}}}"
+                if halves:  # tokens 8-15: the next core matrix along N (SBO bytes on, in 16-byte units)
+                    lo = ", ".join(f"{{$w{e}}}" for e in range(4))
+                    hi = ", ".join(f"{{$w{e}}}" for e in range(4, 8))
+                    body += f"wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {{{lo}}}, {areg}, {desc}, p, 1, 1, 0;\n\t"
+                    body += f"add.s64 dh, {desc}, {v1.SBO >> 4};\n\t"
+                    body += f"wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {{{hi}}}, {areg}, dh, p, 1, 1, 0;\n\t"
+                else:
+                    d = ", ".join(f"{{$w{e}}}" for e in range(na))
+                    body += f"wgmma.mma_async.sync.aligned.m64n{nt}k16.f32.bf16.bf16 {{{d}}}, {areg}, {desc}, p, 1, 1, 0;\n\t"
         body += "wgmma.commit_group.sync.aligned;\n\twgmma.wait_group.sync.aligned 0;"
-        return "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, 1, 1;\n\t" + body + "\n}"
+        regs = "\t.reg .b64 dh;\n\t" if halves else ""
+        return "{\n\t.reg .pred p;\n" + regs + "\tsetp.eq.u32 p, 1, 1;\n\t" + body + "\n}"
 
     class WgmmaV3:
         def __init__(self, cfg: V3Config):
@@ -319,7 +334,7 @@ def build(out_dir: Path, only: str = "") -> None:
                         regs += [abuf[bb, wb + 0], abuf[bb, wb + 4], abuf[bb, wb + 1], abuf[bb, wb + 5],
                                  abuf[bb, wb + 2], abuf[bb, wb + 6], abuf[bb, wb + 3], abuf[bb, wb + 7]]
                     res = cute.arch.inline_ptx(
-                        wgmma_ptx(NT, U), write_only_types=[cutlass.Float32] * NA,
+                        wgmma_ptx(NT, U, cfg.halves), write_only_types=[cutlass.Float32] * NA,
                         read_only_args=regs + descs + [acc[e] for e in range(NA)],
                     )
                     for e in cutlass.range_constexpr(NA):
