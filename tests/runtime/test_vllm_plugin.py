@@ -815,6 +815,14 @@ def check_negative_controls_change_the_output(runs, run):
     result, reference = runs[run], runs[CONFIGS[run].reference]
     assert result["controls"]
     for control in result["controls"]:
+        # A control judges nothing unless its generate launched its shape at its M, on every rank.
+        for rank, launched in enumerate(control["launched"]):
+            at = dict(launched) if control["m"] is None else {m: c for m, c in launched if m == control["m"]}
+            assert at, (
+                f"negative control {control['shape']} at M={control['m'] or 'every M'}: its generate never launched "
+                f"that shape at that M on rank {rank} (it launched {launched or 'nothing'}), so the control could not "
+                "change the output: the engine did not decode that batch at that M"
+            )
         expected = reference if control["m"] is None else reference["batches"][control["m"]]
         assert not _same_output(control, expected, _tolerance(run)), control["shape"]
         assert _max_logprob_diff(control, expected) > 1e-2, (control["shape"], control["m"])
