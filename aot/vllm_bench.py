@@ -31,8 +31,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..runtime import jsonfile
-
 # vLLM architecture and model_type per catalogue family: the dense models a config.json can be made for.
 FAMILIES = {
     "llama": ("LlamaForCausalLM", "llama"),
@@ -59,6 +57,9 @@ def model_config(model: str, folder: Path) -> tuple[str, Path]:
     if path.is_dir() and (path / "config.json").is_file():
         path = path / "config.json"
     if path.is_file():
+        # Imported here: the engine processes run this file as a script, where no package is around it.
+        from ..runtime import jsonfile
+
         try:
             config = jsonfile.read_json(path, "config")
         except jsonfile.InputError as exc:
