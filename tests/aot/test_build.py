@@ -7,6 +7,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers.artifacts import arch_wheels
 
 from skinny_gemm.aot import build, plans
 from skinny_gemm.runtime import elf
@@ -75,7 +76,7 @@ def test_second_clean_build_is_byte_identical(built, tmp_path):
     for arch in ARCHS:
         first = built["root"] / arch
         if given:
-            (wheel,) = Path(given).glob(f"skinny_gemm-*-0{arch.replace('_', '')}-py3-none-any.whl")
+            (wheel,) = arch_wheels(Path(given), arch)
             second = _wheel_artifacts(wheel, arch, tmp_path / "wheel" / arch)
         else:
             build.build(arch, tmp_path / "again", cache_dir=tmp_path / "fresh-cache", jobs=2, progress=False)

@@ -13,13 +13,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers.artifacts import WHEEL_TAGS as TAGS
+from helpers.artifacts import arch_wheels
 
 from skinny_gemm.aot import verify
 from skinny_gemm.aot.build import PACKAGE_ROOT
-from skinny_gemm.runtime.manifest import ARCHS
 
-# A wheel of one arch is tagged 0 + its name without the underscore (pyproject.toml's overrides).
-TAGS = {arch: "0" + arch.replace("_", "") for arch in ARCHS}
 pytestmark = pytest.mark.slow
 
 
@@ -36,15 +35,15 @@ def wheels(tmp_path_factory):
     given = os.environ.get("SKINNY_WHEELS")
     folder = Path(given) if given else tmp_path_factory.mktemp("dist")
     found = {}
-    for arch, tag in TAGS.items():
-        matches = sorted(folder.glob(f"skinny_gemm-*-{tag}-py3-none-any.whl"))
+    for arch in TAGS:
+        matches = arch_wheels(folder, arch)
         if not matches and not given:
             subprocess.run(
                 pip_wheel(folder, arch),
                 check=True,
                 capture_output=True,
             )
-            matches = sorted(folder.glob(f"skinny_gemm-*-{tag}-py3-none-any.whl"))
+            matches = arch_wheels(folder, arch)
         assert len(matches) == 1, f"expected one {arch} wheel in {folder}, found {matches}"
         found[arch] = matches[0]
     return found

@@ -21,6 +21,14 @@ from skinny_gemm.runtime.artifacts import ENV_ARTIFACTS
 from skinny_gemm.runtime.devices import ArtifactWarning
 from skinny_gemm.runtime.manifest import ARCHS, MANIFEST_NAME
 
+# A wheel of one arch is tagged 0 + its name without the underscore (pyproject.toml's overrides).
+WHEEL_TAGS = {arch: "0" + arch.replace("_", "") for arch in ARCHS}
+
+
+def arch_wheels(folder: Path, arch: str) -> list[Path]:
+    """The wheels in ``folder`` (CI's $SKINNY_WHEELS) built for ``arch`` alone."""
+    return sorted(Path(folder).glob(f"skinny_gemm-*-{WHEEL_TAGS[arch]}-py3-none-any.whl"))
+
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory):
