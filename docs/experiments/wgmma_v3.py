@@ -13,7 +13,8 @@ of its MMAs. Tokens, descriptors, the cluster split of K and the tile walk are v
 One warpgroup (64 weight rows) per CTA; thread 0 also refills the ring (wgmma is warpgroup-wide, so the
 four warps reach the stage's release together). Not a plan kind: no tail, no bias, no residual.
 
-    python docs/experiments/wgmma_v3.py compile OUT_DIR    (CPU: cubins + OUT_DIR/variants.json)
+    python docs/experiments/wgmma_v3.py compile OUT_DIR [FILTER]   (CPU: cubins + OUT_DIR/variants.json)
+    python docs/experiments/wgmma_v3.py compile OUT_DIR occupancy  (the variants with 2+ CTAs per SM at K = 4096)
     python docs/experiments/wgmma_v3.py emulate            (CPU: the walk's coverage, the ring's byte offsets)
     python docs/experiments/wgmma_v2_run.py OUT_DIR        (GPU, no cutlass: float64 check and timing)
 """
@@ -188,6 +189,24 @@ def variants() -> list[V3Config]:
                     except AssertionError:
                         continue
                     out.append(cfg)
+    return out
+
+
+def occupancy_variants() -> list[V3Config]:
+    """Every one-warpgroup K = 4096 variant whose shared memory lets two or more CTAs share an SM (228 KB each)."""
+    out = []
+    for m in (8, 16):
+        for split in (1, 2, 4, 8):
+            for chunk in (128, 256):
+                for ring in (2, 3, 4):
+                    for unroll in (4, 8):
+                        cfg = V3Config(m=m, split=split, chunk=chunk, ring=ring, unroll=unroll)
+                        try:
+                            cfg.check()
+                        except AssertionError:
+                            continue
+                        if 228 * 1024 // (cfg.smem + 1024) >= 2:
+                            out.append(cfg)
     return out
 
 
@@ -408,8 +427,8 @@ def build(out_dir: Path, only: str = "") -> None:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     table = {}
-    for cfg in variants():
-        if only and only not in cfg.name:
+    for cfg in occupancy_variants() if only == "occupancy" else variants():
+        if only and only != "occupancy" and only not in cfg.name:
             continue
         cubin = compile_kernel(WgmmaV3(cfg), "sm_90a", str(out_dir), cfg.name)
         (out_dir / f"{cfg.name}.cubin").write_bytes(cubin)
