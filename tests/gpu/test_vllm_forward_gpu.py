@@ -136,7 +136,7 @@ def test_compiled_route_launches_the_plan_under_graph_replay_and_counts_it(fallb
         w = random_tensor((n, k), "cuda", 0.05, generator=gen)
         layer, method = _routed_layer(w, ms)
         # One code object serves every shape and both backends: without a reset its compiled entries pile up past
-        # Dynamo's recompile limit (8) once the three shapes hold five token counts each.
+        # Dynamo's recompile limit (8) over the three shapes' six token counts each.
         torch._dynamo.reset()
         compiled = torch.compile(
             lambda x, layer=layer, method=method: method.apply(layer, x), backend=backend, dynamic=True, fullgraph=True
