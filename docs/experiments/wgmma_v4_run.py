@@ -1,0 +1,106 @@
+"""GPU half of wgmma_v4.py (no cutlass): tensor maps by cuda-python, each variant against float64, then timed.
+
+    python docs/experiments/wgmma_v4_run.py CUBIN_DIR [OUT.json]
+
+As wgmma_v2_run.py: outputs poisoned (NaN) first, inputs with outliers, bound |ref| 2^-8 + (|x| @ |w|^T) 2^-16;
+cold L2 (the weight rotates over copies of at least 1 GiB, one descriptor per copy), 20 launches per CUDA graph,
+replayed 5 times alternating with the same graph of torch.mm, median per launch; the ratio is cuBLAS / ours.
+The descriptors are what the kernel's host code builds: 2-D, k innermost, boxes of 64 k x rows (weight) and
+64 k x NT (tokens; rows past M read as zeros), 128-byte swizzle.
+"""
+
+import ctypes
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from cuda.bindings import driver as d
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wgmma_v1_run import make_graph, ok, replay_us  # noqa: E402
+
+SHAPES = [(4096, 4096), (6144, 4096), (24576, 4096), (28672, 4096), (128256, 4096), (4096, 14336)]
+
+
+def tensor_map(t: torch.Tensor, rows: int, box_rows: int):
+    k = t.shape[1]
+    u64, u32 = d.cuuint64_t, d.cuuint32_t
+    return ok(d.cuTensorMapEncodeTiled(
+        d.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, u32(2), t.data_ptr(), [u64(k), u64(rows)],
+        [u64(k * 2)], [u32(64), u32(box_rows)], [u32(1), u32(1)],
+        d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))
+
+
+def launcher(fn, info, wmap, xmap, out, n, k):
+    args = [ctypes.c_uint64(out.data_ptr()), ctypes.c_int32(n), ctypes.c_int32(k)]
+    argv = (ctypes.c_void_p * 5)(wmap.getPtr(), xmap.getPtr(), *[ctypes.addressof(a) for a in args])
+
+    def launch():
+        stream = torch.cuda.current_stream().cuda_stream
+        ok(d.cuLaunchKernel(fn, n // info["rows"], 1, 1, info["threads"], 1, 1, info["smem"], stream,
+                            ctypes.addressof(argv), 0))
+
+    launch.keep = (args, argv, wmap, xmap)
+    return launch
+
+
+def main() -> None:
+    folder = Path(sys.argv[1])
+    table = json.loads((folder / "variants.json").read_text())
+    torch.zeros(1, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    fns = {}
+    for name, info in table.items():
+        lib = ok(d.cuLibraryLoadData((folder / f"{name}.cubin").read_bytes(), None, None, 0, None, None, 0))
+        fn = ok(d.cuKernelGetFunction(ok(d.cuLibraryGetKernel(lib, info["symbol"].encode()))))
+        ok(d.cuFuncSetAttribute(fn, d.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                info["smem"]))
+        fns[name] = (lib, fn)
+    results = []
+    for n, k in SHAPES:
+        copies = max(1, (1 << 30) // (n * k * 2) + 1)
+        ws = [(torch.randn(n, k, device="cuda", generator=gen) * 0.05).bfloat16() for _ in range(min(copies, 8))]
+        while len(ws) < copies:
+            ws.append(ws[len(ws) % 8].clone())
+        ws[0][::97, ::31] *= 50  # outliers
+        for m in (8, 16):
+            x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+            x[:, ::53] *= 20
+            ref = x.double() @ ws[0].double().T
+            bound = ref.abs() * 2**-8 + (x.double().abs() @ ws[0].double().abs().T) * 2**-16
+            outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
+            cublas = make_graph([lambda x=x, w=w, o=o: torch.mm(x, w.T, out=o) for w, o in zip(ws, outs)])
+            for name, info in sorted(table.items()):
+                if info["nt"] != m or n % info["rows"]:
+                    continue
+                _, fn = fns[name]
+                xmap = tensor_map(x, m, info["nt"])
+                launches = [launcher(fn, info, tensor_map(w, n, info["rows"]), xmap, o, n, k) for w, o in zip(ws, outs)]
+                outs[0].fill_(float("nan"))
+                launches[0]()
+                torch.cuda.synchronize()
+                bad = int((((outs[0].double() - ref).abs() > bound) | outs[0].isnan()).sum())
+                ours = make_graph(launches)
+                t_ours, t_cublas = [], []
+                for _ in range(5):
+                    t_ours.append(replay_us(ours))
+                    t_cublas.append(replay_us(cublas))
+                row = {"variant": name, "n": n, "k": k, "m": m, "bad": bad, "us": statistics.median(t_ours),
+                       "cublas_us": statistics.median(t_cublas)}
+                row["speedup"] = row["cublas_us"] / row["us"]
+                row["tb_s"] = n * k * 2 / row["us"] / 1e6
+                results.append(row)
+                print(f"{n}x{k} M={m} {name}: bad {bad}, {row['us']:.1f} us vs cuBLAS {row['cublas_us']:.1f} us "
+                      f"-> {row['speedup']:.2f}x ({row['tb_s']:.2f} TB/s)", flush=True)
+        ws = outs = None
+        torch.cuda.empty_cache()
+    if len(sys.argv) > 2:
+        Path(sys.argv[2]).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
