@@ -39,12 +39,21 @@ def launcher(fn, info, wmap, xmap, out, n, k):
     args = [ctypes.c_uint64(out.data_ptr()), ctypes.c_int32(n), ctypes.c_int32(k)]
     argv = (ctypes.c_void_p * 5)(wmap.getPtr(), xmap.getPtr(), *[ctypes.addressof(a) for a in args])
 
-    def launch():
-        stream = torch.cuda.current_stream().cuda_stream
-        ok(d.cuLaunchKernel(fn, n // info["rows"], 1, 1, info["threads"], 1, 1, info["smem"], stream,
-                            ctypes.addressof(argv), 0))
+    cfg = d.CUlaunchConfig()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = n // info["rows"] * info.get("split", 1), 1, 1
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = info["threads"], 1, 1
+    cfg.sharedMemBytes = info["smem"]
+    attr = d.CUlaunchAttribute()
+    attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = info.get("split", 1), 1, 1
+    cfg.attrs = [attr]
+    cfg.numAttrs = 1
 
-    launch.keep = (args, argv, wmap, xmap)
+    def launch():
+        cfg.hStream = torch.cuda.current_stream().cuda_stream
+        ok(d.cuLaunchKernelEx(cfg, fn, ctypes.addressof(argv), 0))
+
+    launch.keep = (args, argv, wmap, xmap, cfg)
     return launch
 
 
