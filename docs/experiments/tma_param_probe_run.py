@@ -14,14 +14,10 @@ from pathlib import Path
 import torch
 from cuda.bindings import driver as d
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from wgmma_v1_run import ok  # noqa: E402
+
 ROWS, KT = 64, 64
-
-
-def ok(result):
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    if err != d.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"driver call failed: {err}")
-    return rest[0] if len(rest) == 1 else rest
 
 
 def main() -> None:

@@ -27,7 +27,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import wgmma_v1 as v1  # noqa: E402
-import wgmma_v2 as v2  # noqa: E402
 
 ROWS = 64
 PAD = 64  # row pitch = chunk bytes + 64: rows g and g + 1 of a 128-byte phase on distinct banks

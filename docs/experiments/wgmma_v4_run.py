@@ -11,7 +11,6 @@ The descriptors are what the kernel's host code builds: 2-D, k innermost, boxes 
 
 import ctypes
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import torch
 from cuda.bindings import driver as d
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from wgmma_v1_run import make_graph, ok, replay_us  # noqa: E402
+from wgmma_v1_run import cublas_graph, measure, ok, record, tokens, weight_copies, write  # noqa: E402
 
 SHAPES = [(4096, 4096), (6144, 4096), (24576, 4096), (28672, 4096), (128256, 4096), (4096, 14336)]
 
@@ -71,44 +70,22 @@ def main() -> None:
         fns[name] = (lib, fn)
     results = []
     for n, k in SHAPES:
-        copies = max(1, (1 << 30) // (n * k * 2) + 1)
-        ws = [(torch.randn(n, k, device="cuda", generator=gen) * 0.05).bfloat16() for _ in range(min(copies, 8))]
-        while len(ws) < copies:
-            ws.append(ws[len(ws) % 8].clone())
-        ws[0][::97, ::31] *= 50  # outliers
+        ws = weight_copies(n, k, gen)
         for m in (8, 16):
-            x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
-            x[:, ::53] *= 20
-            ref = x.double() @ ws[0].double().T
-            bound = ref.abs() * 2**-8 + (x.double().abs() @ ws[0].double().abs().T) * 2**-16
+            x, ref, bound = tokens(m, k, ws[0], gen)
             outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
-            cublas = make_graph([lambda x=x, w=w, o=o: torch.mm(x, w.T, out=o) for w, o in zip(ws, outs)])
+            cublas = cublas_graph(x, ws, outs)
             for name, info in sorted(table.items()):
                 if info["nt"] != m or n % info["rows"]:
                     continue
                 _, fn = fns[name]
                 xmap = tensor_map(x, m, info["nt"])
                 launches = [launcher(fn, info, tensor_map(w, n, info["rows"]), xmap, o, n, k) for w, o in zip(ws, outs)]
-                outs[0].fill_(float("nan"))
-                launches[0]()
-                torch.cuda.synchronize()
-                bad = int((((outs[0].double() - ref).abs() > bound) | outs[0].isnan()).sum())
-                ours = make_graph(launches)
-                t_ours, t_cublas = [], []
-                for _ in range(5):
-                    t_ours.append(replay_us(ours))
-                    t_cublas.append(replay_us(cublas))
-                row = {"variant": name, "n": n, "k": k, "m": m, "bad": bad, "us": statistics.median(t_ours),
-                       "cublas_us": statistics.median(t_cublas)}
-                row["speedup"] = row["cublas_us"] / row["us"]
-                row["tb_s"] = n * k * 2 / row["us"] / 1e6
-                results.append(row)
-                print(f"{n}x{k} M={m} {name}: bad {bad}, {row['us']:.1f} us vs cuBLAS {row['cublas_us']:.1f} us "
-                      f"-> {row['speedup']:.2f}x ({row['tb_s']:.2f} TB/s)", flush=True)
+                bad, us, cublas_us = measure(launches, cublas, outs[0], ref, bound)
+                record(results, {"variant": name, "n": n, "k": k, "m": m, "bad": bad, "us": us, "cublas_us": cublas_us})
         ws = outs = None
         torch.cuda.empty_cache()
-    if len(sys.argv) > 2:
-        Path(sys.argv[2]).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": results}, indent=1))
+    write(results)
 
 
 if __name__ == "__main__":
