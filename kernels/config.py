@@ -29,7 +29,13 @@ DECODE_MS = (1, 2, 4, 8, 16)
 # SMs of the H100 / H200 SXM (sm_90a), the GPU the plans are tuned on: waves and grid sizes count against it.
 H200_SMS = 132
 MAX_M_BULK = 8
-KINDS = ("simt", "mma", "bulk")
+KINDS = ("simt", "mma", "bulk", "wgmma")
+# "wgmma": weight rows are the warpgroup MMA's 64-row side, tokens its N (8 or 16, rows past m are zeros).
+# A stage is 64 k (128 bytes: one row of the 128-byte swizzle) of every row and token; the weight box
+# comes by TMA through a tensor map the runtime encodes per weight (runtime/tensormaps.py).
+WGMMA_ROWS, WGMMA_K = 64, 64
+# Dynamic shared memory one CTA may take on sm_90 (227 KB).
+DYNAMIC_SMEM_LIMIT = 227 * 1024
 # mma.sync.m16n8k16 with the tokens as its 16-row side (rows >= M are zero): a
 # warp's tile is 8 weight rows x 16 token rows x 16 k; one 16-byte load per lane
 # feeds two MMAs, so a warp step covers 32 k.
@@ -88,7 +94,8 @@ class KernelConfig:
     # tokens (rows of A and C), baked in
     m: int
     # "simt" (kernels/skinny_gemm.py, scalar FMAs), "mma" (kernels/skinny_mma.py, tensor cores fed from
-    # registers), "bulk" (kernels/skinny_bulk.py, tensor cores fed from a cp.async.bulk shared-memory ring)
+    # registers), "bulk" (kernels/skinny_bulk.py, tensor cores fed from a cp.async.bulk shared-memory ring),
+    # "wgmma" (kernels/skinny_wgmma.py, warpgroup MMA with the weight rows as its M, fed by TMA)
     kind: str = "simt"
     threads: int = 256
     k_threads: int = 256
@@ -167,7 +174,8 @@ class KernelConfig:
             grid = self.grid(n)
         else:
             grid = self.row_groups(n) * self.split
-        return LaunchShape(grid=grid, block=(self.threads, 1, 1), cluster=self.split, smem=0, pdl=self.pdl)
+        smem = self.wgmma_smem if self.kind == "wgmma" else 0
+        return LaunchShape(grid=grid, block=(self.threads, 1, 1), cluster=self.split, smem=smem, pdl=self.pdl)
 
     @property
     def k_step(self) -> int:
@@ -176,11 +184,16 @@ class KernelConfig:
             return self.k_threads // 32 * MMA_K_STEP * self.unroll * self.stages * self.split * self.slices
         if self.kind == "bulk":
             return self.k_threads // 32 * MMA_K_STEP * self.unroll
+        if self.kind == "wgmma":
+            return WGMMA_K * self.split
         return self.k_threads * self.vec * self.unroll
 
     @property
     def register_rule(self) -> tuple[int, str]:
         """(registers a thread holds for accumulators and loads in flight, the formula); addresses not counted."""
+        if self.kind == "wgmma":
+            # accumulators only: the operands stay in shared memory
+            return self.nt // 2, "nt/2"
         if self.kind == "bulk":
             # accumulators + one step's weight fragments per tile + its token words, per unrolled step
             return self.cols // 2 + self.unroll * (self.cols // 2 + 4), "cols/2 + unroll*(cols/2 + 4)"
@@ -221,6 +234,25 @@ class KernelConfig:
         per_warp = self.groups * (self.cols // MMA_ROWS * 2 * self.token_loads) * 32 * 4
         warps = self.k_threads // 32
         return (per_warp * warps if warps > 1 else 0) + per_warp * (self.split - 1)
+
+    @property
+    def nt(self) -> int:
+        """Tokens per warpgroup MMA ("wgmma"): its N, 8 or 16; token rows m..nt-1 are zeros."""
+        return 8 if self.m <= 8 else 16
+
+    @property
+    def wgmma_stage(self) -> int:
+        """Bytes of one ring stage ("wgmma"): the weight box (cols rows x 128 B), then the token box (nt rows x 128 B);
+        both multiples of the 1024-byte swizzle atom, so every box starts aligned to it."""
+        return (self.cols + self.nt) * WGMMA_K * 2
+
+    @property
+    def wgmma_smem(self) -> int:
+        """Dynamic shared-memory bytes of a "wgmma" CTA: the ring, a full and an empty mbarrier per stage, with
+        ``split`` the slots CTA 0 receives (every consumer thread's accumulators from each other CTA), and the
+        1024 bytes the ring's alignment may cost."""
+        red = (self.split - 1) * self.cols * 2 * (self.nt // 2) * 4
+        return self.stages * self.wgmma_stage + 16 * self.stages + red + 1024
 
     @property
     def bulk_smem(self) -> int:
@@ -341,10 +373,10 @@ def _option_rules(c: KernelConfig) -> None:
             f"rule 'fetch': fetch={c.fetch} is an mma option; kind {c.kind!r} keeps the default 256 "
             "(its loads carry no hint, so another value would only duplicate the variant)"
         )
-    if c.split != 1 and (c.kind != "mma" or c.prefetch):
+    if c.split != 1 and (c.kind not in ("mma", "wgmma") or c.prefetch):
         raise ConfigError(
-            f"rule 'split': split={c.split} needs kind 'mma' without prefetch (kind={c.kind!r}, "
-            f"prefetch={c.prefetch}): only the mma kernel reduces across a cluster"
+            f"rule 'split': split={c.split} needs kind 'mma' or 'wgmma' without prefetch (kind={c.kind!r}, "
+            f"prefetch={c.prefetch}): only those kernels reduce across a cluster"
         )
     if c.persist and (c.kind != "simt" or not c.early or c.prefetch or c.static_k):
         raise ConfigError(
@@ -371,11 +403,12 @@ def _option_rules(c: KernelConfig) -> None:
             f"(kind={c.kind!r}, split={c.split}, persist={c.persist}, static_k={c.static_k}): the tail trip "
             "and the column mask are written for one CTA per row group and a K known only at run time"
         )
-    if c.bias and c.kind not in ("simt", "mma"):
-        raise ConfigError(f"rule 'bias': bias is an epilogue of kinds 'simt' and 'mma' (kind={c.kind!r})")
+    if c.bias and c.kind not in ("simt", "mma", "wgmma"):
+        raise ConfigError(f"rule 'bias': bias is an epilogue of kinds 'simt', 'mma' and 'wgmma' (kind={c.kind!r})")
     if c.threads % 32 or c.threads > 1024:
         raise ConfigError(f"rule 'whole warps': threads={c.threads} must be a multiple of 32, at most 1024")
-    if c.k_threads & (c.k_threads - 1) or c.threads % c.k_threads:
+    # wgmma's k_threads is its whole CTA (384 with two consumers): _wgmma_rules checks it
+    if c.kind != "wgmma" and (c.k_threads & (c.k_threads - 1) or c.threads % c.k_threads):
         raise ConfigError(
             f"rule 'k_threads split': k_threads={c.k_threads} must be a power of two dividing threads={c.threads}"
         )
@@ -423,7 +456,34 @@ def _bulk_rules(c: KernelConfig) -> None:
         )
 
 
-_KIND_RULES = {"simt": _simt_rules, "mma": _mma_rules, "bulk": _bulk_rules}
+def _wgmma_rules(c: KernelConfig) -> None:
+    warpgroups = c.threads // 128
+    if (
+        c.threads % 128
+        or warpgroups not in (2, 3)
+        or c.k_threads != c.threads
+        or c.cols != WGMMA_ROWS * (warpgroups - 1)
+        or c.vec != 8
+        or c.unroll != 1
+        or c.prefetch
+        or c.static_k
+    ):
+        raise ConfigError(
+            f"rule 'wgmma tile': threads={c.threads} must be 256 or 384 (a producer warpgroup and 1 or 2 "
+            f"consumers), k_threads={c.k_threads} equal to it, cols={c.cols} {WGMMA_ROWS} per consumer, vec={c.vec} 8, "
+            f"unroll={c.unroll} 1, prefetch off and static_k={c.static_k} 0 (the TMA ring runs ahead of the PDL wait "
+            "and K is a run-time loop)"
+        )
+    if c.stages < 2:
+        raise ConfigError(f"rule 'stages': stages={c.stages} must be at least 2 for kind 'wgmma' (a ring)")
+    if c.wgmma_smem + DSL_SMEM_RESERVE > DYNAMIC_SMEM_LIMIT:
+        raise ConfigError(
+            f"rule 'shared memory': {c.wgmma_smem} bytes of ring, barriers and reduction + {DSL_SMEM_RESERVE} the DSL "
+            f"adds exceed {DYNAMIC_SMEM_LIMIT}"
+        )
+
+
+_KIND_RULES = {"simt": _simt_rules, "mma": _mma_rules, "bulk": _bulk_rules, "wgmma": _wgmma_rules}
 
 
 def _shape_rules(c: KernelConfig, n: int | None, k: int | None) -> None:
