@@ -87,10 +87,10 @@ def default_cache_dir() -> Path:
 
 def _compile_worker(cfg_json: dict, arch: str) -> bytes:
     """Run in a worker process: compile one variant (imports cutlass there, not in the parent)."""
-    from ..kernels import skinny_bulk, skinny_gemm, skinny_mma
+    from ..kernels import skinny_bulk, skinny_gemm, skinny_mma, skinny_wgmma
 
     cfg = KernelConfig.from_json(cfg_json)
-    kernel = {"simt": skinny_gemm, "mma": skinny_mma, "bulk": skinny_bulk}[cfg.kind]
+    kernel = {"simt": skinny_gemm, "mma": skinny_mma, "bulk": skinny_bulk, "wgmma": skinny_wgmma}[cfg.kind]
     with tempfile.TemporaryDirectory(prefix="skinny-dump-") as dump:
         return kernel.compile_variant(cfg, arch, dump)
 

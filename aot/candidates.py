@@ -16,7 +16,10 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from ..kernels.config import H200_SMS, MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
+from ..kernels.config import DSL_SMEM_RESERVE, H200_SMS, MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
+
+# Shared memory of one sm_90 SM (228 KB), which "wgmma" CTAs' rings divide.
+SM_SMEM = 228 * 1024
 
 SPACES_FILE = Path(__file__).resolve().parent.parent / "kernels" / "candidates.json"
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(KernelConfig)}
@@ -44,6 +47,9 @@ def spaces(path: Path = SPACES_FILE) -> dict:
             raise CandidateError(f"{where}: unknown config fields {sorted(unknown)}")
         if len(names) != len(set(names)):
             raise CandidateError(f"{where}: a field is listed twice in its axes")
+        archs = space.get("archs", [])
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise CandidateError(f"{where}: 'archs' must be a list of arch names")
         bad_when = set(space.get("when", {})) - WHEN_KEYS
         if bad_when:
             raise CandidateError(f"{where}: 'when' keys {sorted(bad_when)} are not {sorted(WHEN_KEYS)}")
@@ -97,9 +103,11 @@ def expand(space: dict, n: int, k: int, m: int, extra: dict | None = None) -> li
 
 def resident_ctas(cfg: KernelConfig) -> int:
     """CTAs of ``cfg`` one sm_90 SM holds at once: 2048 threads, 64K registers (an estimate: the
-    config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps)."""
+    config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps), and for
+    "wgmma" the SM's shared memory."""
     regs = -(-(cfg.register_rule[0] + 24) // 8) * 8
-    return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs))
+    by_smem = SM_SMEM // (cfg.wgmma_smem + DSL_SMEM_RESERVE) if cfg.kind == "wgmma" else 2048
+    return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs), by_smem)
 
 
 # Per-config rules a space may name (value: the rule's parameter), beyond the config check.
@@ -149,12 +157,18 @@ def space_candidates(name: str, n: int, k: int, m: int, extra: dict | None = Non
     return found
 
 
-def candidates(n: int, k: int, m: int, extra: dict | None = None) -> list[KernelConfig]:
-    """Candidate configs for one cell: every space of kernels/candidates.json in file order, each filtered.
+def candidates(n: int, k: int, m: int, extra: dict | None = None, arch: str = "sm_90a") -> list[KernelConfig]:
+    """Candidate configs for one cell: every space of kernels/candidates.json for ``arch`` in file order, each filtered.
 
-    ``extra`` sets fields on every candidate (a cell that needs a config feature, e.g. a bias).
+    ``extra`` sets fields on every candidate (a cell that needs a config feature, e.g. a bias); a space with
+    ``archs`` applies only to those (kind "wgmma" compiles for sm_90a alone).
     """
-    return [c for space in spaces()["spaces"] for c in space_candidates(space["name"], n, k, m, extra)]
+    return [
+        c
+        for space in spaces()["spaces"]
+        if arch in space.get("archs", [arch])
+        for c in space_candidates(space["name"], n, k, m, extra)
+    ]
 
 
 def max_candidates() -> int:

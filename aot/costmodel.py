@@ -56,11 +56,14 @@ def features(cfg: KernelConfig, n: int, k: int) -> dict[str, float]:
     full = math.ceil(waves)
     if cfg.kind == "simt":
         flight_cta = cfg.threads * cfg.unroll * cfg.cols * cfg.vec * 2
+    elif cfg.kind == "wgmma":
+        flight_cta = cfg.stages * cfg.cols * 128  # the ring's weight boxes
     else:
         # 512 bytes per warp, tile and buffered step
         flight_cta = cfg.threads // 32 * cfg.stages * cfg.unroll * max(1, cfg.mma_tiles) * 512
     flight = flight_cta * min(resident, ctas / SMS)
-    mma, log_m = cfg.kind == "mma", math.log(cfg.m)
+    # the tensor-core kinds share the token terms; "wgmma" has its own offset and ring depth
+    mma, wg, log_m = cfg.kind in ("mma", "wgmma"), cfg.kind == "wgmma", math.log(cfg.m)
     return {
         "one": 1.0,
         "log_bytes": math.log(weight),
@@ -81,8 +84,8 @@ def features(cfg: KernelConfig, n: int, k: int) -> dict[str, float]:
         "persist": float(cfg.persist > 0),
         "prefetch": float(cfg.prefetch),
         "early": float(cfg.early),
-        "fetch0": float(mma and cfg.fetch == 0),
-        "fetch128": float(mma and cfg.fetch == 128),
+        "fetch0": float(cfg.kind == "mma" and cfg.fetch == 0),
+        "fetch128": float(cfg.kind == "mma" and cfg.fetch == 128),
         "mma_log_m": mma * log_m,
         "simt_log_m": (not mma) * log_m,
         "simt_m_cols": (not mma) * cfg.m * cfg.cols / 8,
@@ -100,6 +103,9 @@ def features(cfg: KernelConfig, n: int, k: int) -> dict[str, float]:
         "early_log_waves": cfg.early * math.log(waves),
         "prefetch_log_bytes": cfg.prefetch * math.log(weight),
         "simt_log_trips": (not mma) * math.log(k / cfg.k_step),
+        "wgmma": float(wg),
+        "wgmma_log_stages": wg * math.log(cfg.stages),
+        "wgmma_log_split": wg * math.log(cfg.split),
     }
 
 
@@ -178,6 +184,7 @@ def fit(paths=None) -> dict:
             "tau": TAU,
             "rows": len(t.log_us),
             "cells": len(set(t.cell)),
+            "families": {fam: t.family.count(fam) for fam in sorted(set(t.family))},
             "files": {name: sha for name, sha in t.files},
         },
     }
@@ -206,9 +213,11 @@ def predict_us(model: dict, cfg: KernelConfig, n: int, k: int) -> float:
 def select(
     model: dict, configs: list[KernelConfig], n: int, k: int, top: int = TOP, per_family: int = PER_FAMILY
 ) -> list[KernelConfig]:
-    """The ``top`` best predicted configs plus the ``per_family`` best of each family, fastest predicted first."""
+    """The ``top`` best predicted configs plus the ``per_family`` best of each family, fastest predicted first;
+    every config of a family the model was fitted without (no timings: its features' terms are zero) is kept."""
     ranked = sorted(configs, key=lambda c: (predict_us(model, c, n, k), c.name))
-    keep = ranked[:top]
+    seen = model["fit"].get("families", {})
+    keep = ranked[:top] + [c for c in ranked[top:] if family(c) not in seen]
     for fam in sorted({family(c) for c in ranked}):
         keep += [c for c in ranked if family(c) == fam and c not in keep][
             : max(0, per_family - sum(family(c) == fam for c in keep))

@@ -114,7 +114,7 @@ def prepare(
     if from_plans:
         rows, skipped = plan_rows(cells, plan_configs(from_plans, arch))
     else:
-        rows, skipped = cell_rows(cells, top, per_family, extend=_with_twins if steps and twins else None)
+        rows, skipped = cell_rows(cells, top, per_family, extend=_with_twins if steps and twins else None, arch=arch)
     configs = {KernelConfig.from_json(c) for r in rows for c in r["candidates"]}
     out.mkdir(parents=True, exist_ok=True)
     (out / CELLS_FILE).write_text(dumps({"arch": arch, "cells": rows, "decode": steps}))
@@ -128,7 +128,9 @@ def prepare(
     return "\n".join(lines)
 
 
-def cell_rows(cells, top: int | None = None, per_family: int = 2, extend=None) -> tuple[list[dict], dict]:
+def cell_rows(
+    cells, top: int | None = None, per_family: int = 2, extend=None, arch: str = "sm_90a"
+) -> tuple[list[dict], dict]:
     """`tune prepare`'s rows: per (n, k, m[, bias]) cell its candidates, cut by the cost model with ``top``.
 
     With ``top`` a cell keeps its ``top`` best predicted candidates plus the ``per_family``
@@ -148,10 +150,10 @@ def cell_rows(cells, top: int | None = None, per_family: int = 2, extend=None) -
             continue
         extra = {"bias": True} if bias else {}
         try:
-            cands = candidates.candidates(n, k, m, extra or None)
+            cands = candidates.candidates(n, k, m, extra or None, arch)
             if not cands and "tail" in candidates.CONFIG_FIELDS:
                 # a K or N that no unrolled step divides: the kernels' tail path (config field `tail`) serves it
-                cands = candidates.candidates(n, k, m, {**extra, "tail": True})
+                cands = candidates.candidates(n, k, m, {**extra, "tail": True}, arch)
         except ConfigError as exc:
             skipped[(n, k, m)] = str(exc)
             continue

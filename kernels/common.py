@@ -15,8 +15,8 @@ class Launcher:
     ``(a, w, out, residual, n, k)``. The block, the clusters and the grid come
     from ``cfg.launch`` like every other launch of the variant, with the
     grid uncapped (``persist=False``): here a walk does one row group per CTA.
-    The shape's dynamic shared memory (0) is the DSL's default and its PDL
-    flag a driver attribute the AOT launch sets, so neither is passed here.
+    The shape's dynamic shared memory is passed where it is not 0 (kind "wgmma"'s
+    ring); its PDL flag is a driver attribute the AOT launch sets.
     """
 
     def __init__(self, cfg):
@@ -38,7 +38,8 @@ class Launcher:
         self.kernel.set_name_prefix(f"skinny_{self.cfg.name}", remove_cutlass_symbol=True, keep_mangled_name=False)
         shape = self.cfg.launch(n, persist=False)
         cluster = {"cluster": (shape.cluster, 1, 1)} if shape.cluster > 1 else {}
-        self.kernel(a, w, out, residual, n, k).launch(grid=(shape.grid, 1, 1), block=shape.block, **cluster)
+        extra = {**cluster, "smem": shape.smem} if shape.smem else cluster
+        self.kernel(a, w, out, residual, n, k).launch(grid=(shape.grid, 1, 1), block=shape.block, **extra)
 
 
 @cute.jit

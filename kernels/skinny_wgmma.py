@@ -1,0 +1,252 @@
+"""The warpgroup-MMA skinny GEMM: weight rows are the MMA's 64-row side, tokens its N; TMA feeds a shared-memory ring.
+
+Order: config (imported: ``skinny_gemm.kernels.config``, kind "wgmma"), kernel
+class (host launcher, device body), compile entry.
+
+Why: the mma and bulk kernels put the tokens on mma.sync's 16-row side, so
+M = 16 loads every weight fragment for 16 rows of which the MMA's 8 columns
+use one, and their rings cost registers or lanes. Here the weight is the
+operand the MMA is wide in (wgmma m64nNk16, N = 8 or 16 tokens), both operands
+are read from shared memory by descriptor, and the copies cost no threads:
+M = 16 costs what M = 8 costs (docs/perf.md, "v4").
+
+Ring: stage s holds one 64-k chunk (128 bytes per row, the 128-byte swizzle's
+row) of the CTA's ``cols`` weight rows, then of the ``nt`` token rows; both
+start on the swizzle's 1024-byte atom. Warpgroup 0 produces: thread 0 issues
+the weight box by TMA (the runtime encodes one tensor map per weight and
+passes its device address as ``w``; runtime/tensormaps.py) with the stage's
+byte count on its "full" mbarrier, and thread (r, j) of the first nt x 8
+copies 16 bytes of token row r at swizzled chunk j ^ (r % 8) by cp.async,
+whose completion arrives on the same barrier (rows past m copy nothing and
+land zeros). The first ``stages`` weight boxes go out before the PDL wait;
+tokens only after it. Warpgroups 1.. consume 64 rows each: four
+m64n{nt}k16 per stage, one wait, one arrive on the stage's "empty" barrier.
+
+Split: ``split`` CTAs of a cluster share a row group, each a contiguous K
+slice; ranks 1.. add their accumulators into rank 0's shared memory
+(distributed shared memory), rank 0 adds the residual or bias and stores.
+
+Accumulator e of consumer thread (warp, g = lane / 4, q = lane % 4) is weight
+row warp * 16 + g + 8 * ((e % 4) // 2) and token 8 * (e // 4) + 2q + e % 2.
+
+Same 40-byte kernel-parameter ABI as kernels/skinny_gemm.py, with ``w`` the
+weight's tensor map rather than the weight.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+
+from .common import Launcher, compile_kernel, store_output, wait_previous_grid
+from .config import WGMMA_K, WGMMA_ROWS, KernelConfig
+from .skinny_mma import CLUSTER_ARRIVE_PTX, CLUSTER_SYNC_PTX, CLUSTER_WAIT_PTX, MAPA_PTX, ST_CLUSTER_PTX
+
+WARPGROUP = 128
+# The 128-byte swizzle's atom: 8 rows x 128 B, the stride between 8-row groups (the descriptor's SBO).
+SW128_ATOM = 1024
+ROW_BYTES = WGMMA_K * 2
+PREFETCH_MAP_PTX = "prefetch.tensormap [{$r0}];"
+TMA_PTX = (
+    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+    "[{$r0}], [{$r1}, {{$r2}, {$r3}}], [{$r4}];"
+)
+CP_ASYNC_PTX = "cp.async.cg.shared.global [{$r0}], [{$r1}], 16, {$r2};"
+CP_ARRIVE_PTX = "cp.async.mbarrier.arrive.noinc.shared::cta.b64 [{$r0}];"
+# cp.async writes through the generic proxy, wgmma reads through the async proxy.
+FENCE_ASYNC_PTX = "fence.proxy.async.shared::cta;"
+
+
+def sw128_desc(addr: int) -> int:
+    """The wgmma shared-memory descriptor of a 128-byte-swizzled K-major tile at ``addr`` (1024-aligned):
+    start address >> 4, leading offset 1 (unused with this swizzle), stride offset one atom, swizzle mode 1."""
+    return (addr >> 4) | (1 << 16) | ((SW128_ATOM >> 4) << 32) | (1 << 62)
+
+
+def wgmma_ptx(nt: int) -> str:
+    """One stage's four m64n{nt}k16 from shared memory, committed and waited for.
+
+    Inputs: the A (weight) descriptors of the four k16 steps ($r0-$r3), the B (token) ones ($r4-$r7),
+    then the accumulators, copied into the outputs first (the DSL's asm has no tied operands)."""
+    na = nt // 2
+    body = "".join(f"mov.f32 {{$w{e}}}, {{$r{8 + e}}};\n\t" for e in range(na))
+    body += "wgmma.fence.sync.aligned;\n\t"
+    d = ", ".join(f"{{$w{e}}}" for e in range(na))
+    for u in range(4):
+        body += (
+            f"wgmma.mma_async.sync.aligned.m64n{nt}k16.f32.bf16.bf16 {{{d}}}, {{$r{u}}}, {{$r{4 + u}}}, "
+            "p, 1, 1, 0, 0;\n\t"
+        )
+    body += "wgmma.commit_group.sync.aligned;\n\twgmma.wait_group.sync.aligned 0;"
+    return "{\n\t.reg .pred p;\n\tsetp.eq.u32 p, 1, 1;\n\t" + body + "\n}"
+
+
+class SkinnyWgmma(Launcher):
+    """One compiled variant per KernelConfig of kind "wgmma": a cluster of ``split`` CTAs per ``cols`` weight rows."""
+
+    @cute.kernel
+    def kernel(
+        self,
+        a: cute.Pointer,
+        w: cute.Pointer,
+        out: cute.Pointer,
+        residual: cute.Pointer,
+        n: cutlass.Int32,
+        k: cutlass.Int32,
+    ):
+        """Device body: warpgroup 0 fills the ring, the others multiply; the cluster reduces into rank 0, which stores."""
+        cfg = self.cfg
+        S, NT, X = cfg.stages, cfg.nt, cfg.split
+        STAGE = cfg.wgmma_stage
+        WB = cfg.cols * ROW_BYTES  # the weight box's bytes
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        wg = tidx // WARPGROUP
+        t = tidx % WARPGROUP
+        rank = bidx % X
+        tile = bidx // X
+        kk = cute.assume(k, divby=cfg.k_step)
+        chunks = kk // cfg.k_step  # this CTA's 64-k chunks
+        c0 = rank * chunks
+        wmap = w.toint()
+        smem = cute.arch.get_dyn_smem(cutlass.Int8, alignment=SW128_ATOM)
+        ring = smem  # (stage, [cols weight rows | nt token rows], 128) bytes, each row swizzled
+        full = cute.recast_ptr(smem + S * STAGE, dtype=cutlass.Int64)  # (stage): the weight box and tokens landed
+        empty = full + S  # (stage): every consumer warpgroup done reading it
+        red = cute.recast_ptr(smem + S * STAGE + 16 * S, dtype=cutlass.Float32)  # (rank - 1, thread, e)
+        if tidx == 0:
+            cute.arch.inline_ptx(PREFETCH_MAP_PTX, read_only_args=[wmap])
+            for s in cutlass.range_constexpr(S):
+                cute.arch.mbarrier_init(full + s, 1 + NT * 8)
+                cute.arch.mbarrier_init(empty + s, cfg.cols // WGMMA_ROWS)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        if cutlass.const_expr(X > 1):
+            cute.arch.inline_ptx(CLUSTER_ARRIVE_PTX)
+        if wg == 0:
+            self.produce(a, wmap, ring, full, empty, tile, c0, chunks, kk, t)
+            cute.arch.sync_warp()
+            if cutlass.const_expr(X > 1):
+                cute.arch.inline_ptx(CLUSTER_WAIT_PTX)
+                cute.arch.inline_ptx(CLUSTER_SYNC_PTX)
+        else:
+            acc = self.consume(ring, full, empty, chunks, wg)
+            self.reduce_and_store(acc, red, rank, tile, wg, t, tidx, out, residual, n)
+
+    @cute.jit
+    def issue_weight(self, wmap, ring, full, tile, chunk, s):
+        """Thread 0: expect the weight box's bytes on stage s's full barrier and issue its TMA copy."""
+        cfg = self.cfg
+        bar = full + s
+        cute.arch.mbarrier_arrive_and_expect_tx(bar, cfg.cols * ROW_BYTES)
+        dst = ring + s * cfg.wgmma_stage
+        cute.arch.inline_ptx(
+            TMA_PTX,
+            read_only_args=[dst.toint(), wmap, chunk * WGMMA_K, tile * cfg.cols, bar.toint()],
+        )
+
+    @cute.jit
+    def produce(self, a, wmap, ring, full, empty, tile, c0, chunks, kk, t):
+        """Warpgroup 0: the first ``stages`` weight boxes before the PDL wait, then chunk by chunk each stage's
+        tokens (thread (r, j) < nt x 8: 16 bytes of token row r) and, once a stage is released, its next box."""
+        cfg = self.cfg
+        S, NT, M = cfg.stages, cfg.nt, cfg.m
+        if t == 0:
+            for s in cutlass.range_constexpr(S):
+                if s < chunks:
+                    self.issue_weight(wmap, ring, full, tile, c0 + s, s)
+        wait_previous_grid(cfg)
+        if t < NT * 8:
+            r = t // 8
+            j = t % 8
+            live = r < M
+            src_row = r if live else 0  # rows past m copy 0 bytes (zeros land) from a valid address
+            nbytes = cutlass.Int32(16) if live else cutlass.Int32(0)
+            src = a + cute.assume(src_row * kk + c0 * WGMMA_K + j * 8, divby=8)
+            # (r, j) lands at row r's chunk j ^ (r % 8): the 128-byte swizzle TMA would write
+            dst_off = cfg.cols * ROW_BYTES + r * ROW_BYTES + ((j ^ (r % 8)) * 16)
+            for c in cutlass.range(chunks, unroll=1):
+                s = c % S
+                if c >= S:
+                    cute.arch.mbarrier_wait(empty + s, ((c // S) - 1) & 1)
+                    if t == 0:
+                        self.issue_weight(wmap, ring, full, tile, c0 + c, s)
+                dst = ring + (s * cfg.wgmma_stage + dst_off)
+                cute.arch.inline_ptx(
+                    CP_ASYNC_PTX,
+                    read_only_args=[dst.toint(), (src + c * WGMMA_K).toint(), nbytes],
+                )
+                cute.arch.inline_ptx(CP_ARRIVE_PTX, read_only_args=[(full + s).toint()])
+
+    @cute.jit
+    def consume(self, ring, full, empty, chunks, wg):
+        """Warpgroup wg >= 1: its 64 weight rows x nt tokens over this CTA's chunks; the fp32 accumulators."""
+        cfg = self.cfg
+        S, NT = cfg.stages, cfg.nt
+        NA = NT // 2
+        acc = cute.make_rmem_tensor(NA, cutlass.Float32)  # (e): see the module docstring
+        acc.fill(0.0)
+        base = ring.toint() & 0x3FFFF
+        desc0 = cutlass.Int64(sw128_desc(0))
+        t = cute.arch.thread_idx()[0] % WARPGROUP
+        for c in cutlass.range(chunks, unroll=1):
+            s = c % S
+            cute.arch.mbarrier_wait(full + s, (c // S) & 1)
+            cute.arch.inline_ptx(FENCE_ASYNC_PTX)
+            stage = base + s * cfg.wgmma_stage
+            a0 = desc0 + cutlass.Int64((stage + (wg - 1) * WGMMA_ROWS * ROW_BYTES) >> 4)
+            b0 = desc0 + cutlass.Int64((stage + cfg.cols * ROW_BYTES) >> 4)
+            # a k16 step is 32 bytes further along the swizzled row: +2 in the descriptor's address field
+            descs = [a0 + cutlass.Int64(2 * u) for u in range(4)] + [b0 + cutlass.Int64(2 * u) for u in range(4)]
+            res = cute.arch.inline_ptx(
+                wgmma_ptx(NT),
+                write_only_types=[cutlass.Float32] * NA,
+                read_only_args=descs + [acc[e] for e in range(NA)],
+            )
+            for e in cutlass.range_constexpr(NA):
+                acc[e] = res[e]
+            if t == 0:
+                cute.arch.mbarrier_arrive(empty + s)
+        return acc
+
+    @cute.jit
+    def reduce_and_store(self, acc, red, rank, tile, wg, t, tidx, out, residual, n):
+        """Ranks 1.. store their accumulators into rank 0's shared memory; rank 0 adds them, waits for the
+        previous grid (PDL) and stores tokens < m, adding the residual or bias."""
+        cfg = self.cfg
+        X, NA, M = cfg.split, cfg.nt // 2, cfg.m
+        ct = tidx - WARPGROUP  # consumer thread
+        CT = cfg.cols * 2  # consumer threads: 128 per 64 rows
+        if cutlass.const_expr(X > 1):
+            cute.arch.inline_ptx(CLUSTER_WAIT_PTX)
+            if rank != 0:
+                for e in cutlass.range_constexpr(NA):
+                    local = (red + ((rank - 1) * CT + ct) * NA + e).toint()
+                    remote = cute.arch.inline_ptx(
+                        MAPA_PTX, write_only_types=[cutlass.Int32], read_only_args=[local, cutlass.Int32(0)]
+                    )
+                    cute.arch.inline_ptx(ST_CLUSTER_PTX, read_only_args=[remote, acc[e]])
+            cute.arch.inline_ptx(CLUSTER_SYNC_PTX)
+        wait_previous_grid(cfg)
+        if rank == 0:
+            if cutlass.const_expr(X > 1):
+                for r in cutlass.range_constexpr(X - 1):
+                    part = cute.make_tensor(red + (r * CT + ct) * NA, cute.make_layout(NA))
+                    for e in cutlass.range_constexpr(NA):
+                        acc[e] = acc[e] + part[e]
+            has_res = residual.toint() != 0
+            lane = t % 32
+            g = lane // 4
+            q = lane % 4
+            row0 = tile * cfg.cols + (wg - 1) * WGMMA_ROWS + (t // 32) * 16
+            for e in cutlass.range_constexpr(NA):
+                tok = 8 * (e // 4) + 2 * q + e % 2
+                if tok < M:
+                    store_output(cfg, out, residual, has_res, acc[e], tok, row0 + g + 8 * ((e % 4) // 2), n)
+
+
+def compile_variant(cfg: KernelConfig, arch: str, dump_dir: str) -> bytes:
+    """Compile entry: AOT-compile one "wgmma" variant for ``arch`` (sm_90a only: wgmma and TMA) and return the cubin."""
+    if arch != "sm_90a":
+        raise ValueError(f"kind 'wgmma' runs only on sm_90a (warpgroup MMA), not {arch}")
+    return compile_kernel(SkinnyWgmma(cfg), arch, dump_dir, cfg.name)
