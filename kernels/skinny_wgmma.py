@@ -63,6 +63,31 @@ def sw128_desc(addr: int) -> int:
     return (addr >> 4) | (1 << 16) | ((SW128_ATOM >> 4) << 32) | (1 << 62)
 
 
+# The index math, as plain functions of ints: the device body calls them on the DSL's traced ints and
+# tests/helpers/wgmma_emulator.py on Python ints (the same code is what the CPU emulation checks).
+
+
+def box_coords(chunk, tile, cols):
+    """The weight box of a 64-k chunk for row group ``tile``: its TMA coordinates (k element, weight row)."""
+    return chunk * WGMMA_K, tile * cols
+
+
+def token_dst(cols, r, j):
+    """Byte offset in a stage of token row r's 16-byte chunk j: after the weight box, row r at 128 B, chunk j at
+    j ^ (r % 8) (the 128-byte swizzle the descriptors name; the box starts on a 1024-byte atom)."""
+    return cols * ROW_BYTES + r * ROW_BYTES + ((j ^ (r % 8)) * 16)
+
+
+def operand_addrs(stage, wg, cols):
+    """Shared addresses of consumer warpgroup wg's (>= 1) weight rows and of the tokens in the stage at ``stage``."""
+    return stage + (wg - 1) * WGMMA_ROWS * ROW_BYTES, stage + cols * ROW_BYTES
+
+
+def acc_coords(e, warp, lane):
+    """Accumulator e of a thread (warp of its warpgroup, lane): (weight row in the warpgroup's 64, token)."""
+    return warp * 16 + lane // 4 + 8 * ((e % 4) // 2), 8 * (e // 4) + 2 * (lane % 4) + e % 2
+
+
 def wgmma_ptx(nt: int) -> str:
     """One stage's four m64n{nt}k16 from shared memory, committed and waited for.
 
@@ -98,7 +123,6 @@ class SkinnyWgmma(Launcher):
         cfg = self.cfg
         S, NT, X = cfg.stages, cfg.nt, cfg.split
         STAGE = cfg.wgmma_stage
-        WB = cfg.cols * ROW_BYTES  # the weight box's bytes
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         wg = tidx // WARPGROUP
@@ -140,10 +164,8 @@ class SkinnyWgmma(Launcher):
         bar = full + s
         cute.arch.mbarrier_arrive_and_expect_tx(bar, cfg.cols * ROW_BYTES)
         dst = ring + s * cfg.wgmma_stage
-        cute.arch.inline_ptx(
-            TMA_PTX,
-            read_only_args=[dst.toint(), wmap, chunk * WGMMA_K, tile * cfg.cols, bar.toint()],
-        )
+        kx, row = box_coords(chunk, tile, cfg.cols)
+        cute.arch.inline_ptx(TMA_PTX, read_only_args=[dst.toint(), wmap, kx, row, bar.toint()])
 
     @cute.jit
     def produce(self, a, wmap, ring, full, empty, tile, c0, chunks, kk, t):
@@ -163,8 +185,7 @@ class SkinnyWgmma(Launcher):
             src_row = r if live else 0  # rows past m copy 0 bytes (zeros land) from a valid address
             nbytes = cutlass.Int32(16) if live else cutlass.Int32(0)
             src = a + cute.assume(src_row * kk + c0 * WGMMA_K + j * 8, divby=8)
-            # (r, j) lands at row r's chunk j ^ (r % 8): the 128-byte swizzle TMA would write
-            dst_off = cfg.cols * ROW_BYTES + r * ROW_BYTES + ((j ^ (r % 8)) * 16)
+            dst_off = token_dst(cfg.cols, r, j)
             for c in cutlass.range(chunks, unroll=1):
                 s = c % S
                 if c >= S:
@@ -193,9 +214,9 @@ class SkinnyWgmma(Launcher):
             s = c % S
             cute.arch.mbarrier_wait(full + s, (c // S) & 1)
             cute.arch.inline_ptx(FENCE_ASYNC_PTX)
-            stage = base + s * cfg.wgmma_stage
-            a0 = desc0 + cutlass.Int64((stage + (wg - 1) * WGMMA_ROWS * ROW_BYTES) >> 4)
-            b0 = desc0 + cutlass.Int64((stage + cfg.cols * ROW_BYTES) >> 4)
+            a_addr, b_addr = operand_addrs(base + s * cfg.wgmma_stage, wg, cfg.cols)
+            a0 = desc0 + cutlass.Int64(a_addr >> 4)
+            b0 = desc0 + cutlass.Int64(b_addr >> 4)
             # a k16 step is 32 bytes further along the swizzled row: +2 in the descriptor's address field
             descs = [a0 + cutlass.Int64(2 * u) for u in range(4)] + [b0 + cutlass.Int64(2 * u) for u in range(4)]
             res = cute.arch.inline_ptx(
@@ -235,14 +256,11 @@ class SkinnyWgmma(Launcher):
                     for e in cutlass.range_constexpr(NA):
                         acc[e] = acc[e] + part[e]
             has_res = residual.toint() != 0
-            lane = t % 32
-            g = lane // 4
-            q = lane % 4
-            row0 = tile * cfg.cols + (wg - 1) * WGMMA_ROWS + (t // 32) * 16
+            row0 = tile * cfg.cols + (wg - 1) * WGMMA_ROWS
             for e in cutlass.range_constexpr(NA):
-                tok = 8 * (e // 4) + 2 * q + e % 2
+                row, tok = acc_coords(e, t // 32, t % 32)
                 if tok < M:
-                    store_output(cfg, out, residual, has_res, acc[e], tok, row0 + g + 8 * ((e % 4) // 2), n)
+                    store_output(cfg, out, residual, has_res, acc[e], tok, row0 + row, n)
 
 
 def compile_variant(cfg: KernelConfig, arch: str, dump_dir: str) -> bytes:

@@ -107,7 +107,6 @@ def main() -> None:
             x, ref, bound = tokens(m, k, ws[0], gen)
             outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in ws]
             cublas = cublas_graph(x, ws, outs)
-            t_cublas = None
             for name, info in sorted(table.items()):
                 if info["m"] != m or n % info["rows"] or k % (64 * info["split"]):
                     continue

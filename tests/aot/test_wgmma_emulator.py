@@ -1,0 +1,55 @@
+"""The "wgmma" kernel's index math, emulated on CPU (tests/helpers/wgmma_emulator.py): with its own index
+functions and a model of TMA's swizzle, cp.async and wgmma's descriptor reads, every output is the exact
+product and is stored once; a sabotaged index function gives wrong outputs."""
+
+import numpy as np
+import pytest
+from helpers import wgmma_emulator
+
+from skinny_gemm.kernels.config import KernelConfig
+
+WG = {"kind": "wgmma", "unroll": 1, "prefetch": False}
+CASES = [
+    # (config, n, k): every token count class (nt 8 with m < 8, nt 16 with m < 16), one and two consumer
+    # warpgroups, a ring shorter than the chunk count (stages reused), cluster splits of 2 and 4
+    (KernelConfig(m=1, threads=256, k_threads=256, cols=64, stages=2, **WG), 128, 256),
+    (KernelConfig(m=8, threads=256, k_threads=256, cols=64, stages=4, split=2, **WG), 64, 512),
+    (KernelConfig(m=12, threads=384, k_threads=384, cols=128, stages=2, **WG), 256, 192),
+    (KernelConfig(m=16, threads=256, k_threads=256, cols=64, stages=3, split=4, **WG), 64, 512),
+]
+
+
+def _inputs(m, n, k, seed=0):
+    gen = np.random.default_rng(seed)
+    # small integers: every product and sum is exact in float64 (and in the fp32 the kernel accumulates in)
+    return gen.integers(-8, 9, (m, k)).astype(np.float64), gen.integers(-8, 9, (n, k)).astype(np.float64)
+
+
+@pytest.mark.parametrize("cfg, n, k", CASES, ids=[f"{c.name}-n{n}-k{k}" for c, n, k in CASES])
+def test_every_output_is_the_exact_product_stored_once(cfg, n, k):
+    cfg.check(n=n, k=k)
+    x, w = _inputs(cfg.m, n, k)
+    out, stores = wgmma_emulator.run(cfg, x, w)
+    assert (stores == 1).all(), np.argwhere(stores != 1)[:5]
+    np.testing.assert_array_equal(out, x @ w.T)
+
+
+@pytest.mark.parametrize(
+    "name, fake",
+    [
+        ("token rows unswizzled", lambda cols, r, j: cols * 128 + r * 128 + j * 16),
+        ("token rows swapped in pairs", lambda cols, r, j: cols * 128 + (r ^ 1) * 128 + ((j ^ (r % 8)) * 16)),
+        (
+            "accumulator rows of the other half",
+            lambda e, warp, lane: (warp * 16 + lane // 4 + 8 * (e % 2), 8 * (e // 4) + 2 * (lane % 4) + e % 2),
+        ),
+    ],
+)
+def test_a_wrong_index_function_gives_wrong_outputs(monkeypatch, name, fake):
+    """Negative controls: the check above fails when one of the kernel's index functions is wrong."""
+    cfg, n, k = CASES[1]
+    target = "token_dst" if name.startswith("token") else "acc_coords"
+    monkeypatch.setattr(wgmma_emulator, target, fake)
+    x, w = _inputs(cfg.m, n, k)
+    out, stores = wgmma_emulator.run(cfg, x, w)
+    assert not ((stores == 1).all() and np.array_equal(out, x @ w.T)), name

@@ -1,0 +1,110 @@
+"""A CPU emulator of the "wgmma" kernel (kernels/skinny_wgmma.py) on integer-valued inputs, exact in float64.
+
+It runs the kernel's own index functions (box_coords, token_dst, operand_addrs, acc_coords, sw128_desc) on
+Python ints against a model of the hardware they drive:
+
+- TMA with the 128-byte swizzle writes box row r's 16-byte unit j at r * 128 + (j ^ (r % 8)) * 16 from a
+  1024-aligned box start; cp.async writes its 16 bytes where the kernel says (token_dst).
+- wgmma reads a K-major operand through a shared-memory descriptor: start address (bits 0-13, >> 4),
+  stride byte offset between 8-row groups (bits 32-45, >> 4), swizzle mode (bits 62-63, 1 = 128 B);
+  element (row i, k kk) of a k16 step is at start + (i // 8) * SBO + (i % 8) * 128 + 2 kk, and the
+  swizzle then XORs address bits 4-6 with bits 7-9.
+- Accumulator e of thread (warp, lane) is D[row, token] as acc_coords says, which is the PTX fragment layout
+  of m64nNk16 (row 16 warp + lane / 4 + 8 ((e / 2) % 2), column 8 (e / 4) + 2 (lane % 4) + e % 2).
+
+Each stage of each CTA of each cluster rank is written and read through one byte array; the ranks' partial
+sums are added as the cluster reduction does, and each stored (token, row) is recorded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from skinny_gemm.kernels.skinny_wgmma import (
+    ROW_BYTES,
+    SW128_ATOM,
+    acc_coords,
+    box_coords,
+    operand_addrs,
+    sw128_desc,
+    token_dst,
+)
+
+K16_BYTES = 32
+
+
+def _swizzle(addr: int) -> int:
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def _decode(desc: int) -> tuple[int, int, int]:
+    """(start address, stride byte offset, swizzle mode) of a wgmma shared-memory descriptor."""
+    return (desc & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4, desc >> 62
+
+
+def _write_box(smem: np.ndarray, base: int, rows: np.ndarray) -> None:
+    """TMA with the 128-byte swizzle: (rows, 64) bf16 values at ``base`` (1024-aligned)."""
+    assert base % SW128_ATOM == 0
+    for r, row in enumerate(rows):
+        for j in range(8):
+            at = base + r * ROW_BYTES + (j ^ (r % 8)) * 16
+            smem[at // 2 : at // 2 + 8] = row[8 * j : 8 * j + 8]
+
+
+def _read_operand(smem: np.ndarray, desc: int, rows: int) -> np.ndarray:
+    """(rows, 16) values one k16 step of wgmma reads through ``desc``."""
+    start, sbo, mode = _decode(desc)
+    assert mode == 1 and sbo == SW128_ATOM
+    out = np.empty((rows, 16))
+    for i in range(rows):
+        for kk in range(16):
+            out[i, kk] = smem[_swizzle(start + (i // 8) * sbo + (i % 8) * ROW_BYTES + 2 * kk) // 2]
+    return out
+
+
+def run(cfg, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(out[m, n] as the kernel stores it, NaN where never stored; stores[m, n] per output) for tokens x, weight w."""
+    m, k = x.shape
+    n = w.shape[0]
+    nt, cols, split, stages = cfg.nt, cfg.cols, cfg.split, cfg.stages
+    out = np.full((m, n), np.nan)
+    stores = np.zeros((m, n), dtype=np.int32)
+    chunks = k // cfg.k_step
+    desc0 = sw128_desc(0)
+    for tile in range(cfg.row_groups(n)):
+        total = {}  # (consumer warpgroup, warp, lane, e) -> sum over the cluster's ranks
+        for rank in range(split):
+            smem = np.full(stages * cfg.wgmma_stage // 2, np.nan)  # bf16 slots; unwritten ones poison a product
+            acc = {}
+            for c in range(chunks):
+                s = c % stages
+                stage = s * cfg.wgmma_stage
+                kx, row = box_coords(rank * chunks + c, tile, cols)
+                _write_box(smem, stage, w[row : row + cols, kx : kx + 64])
+                for t in range(nt * 8):
+                    r, j = t // 8, t % 8
+                    src = x[r, kx + 8 * j : kx + 8 * j + 8] if r < m else np.zeros(8)  # rows past m: 0 bytes, zeros
+                    at = stage + token_dst(cols, r, j)
+                    smem[at // 2 : at // 2 + 8] = src
+                for wg in range(1, cols // 64 + 1):
+                    a_addr, b_addr = operand_addrs(stage, wg, cols)
+                    d = np.zeros((64, nt))
+                    for u in range(4):
+                        a = _read_operand(smem, desc0 + (a_addr >> 4) + 2 * u, 64)
+                        b = _read_operand(smem, desc0 + (b_addr >> 4) + 2 * u, nt)
+                        d += a @ b.T
+                    for warp in range(4):
+                        for lane in range(32):
+                            for e in range(nt // 2):
+                                i, tok = acc_coords(e, warp, lane)
+                                key = (wg, warp, lane, e)
+                                acc[key] = acc.get(key, 0.0) + d[i, tok]
+            for key, v in acc.items():
+                total[key] = total.get(key, 0.0) + v
+        for (wg, warp, lane, e), v in total.items():
+            i, tok = acc_coords(e, warp, lane)
+            if tok < m:
+                col = tile * cols + (wg - 1) * 64 + i
+                out[tok, col] = v
+                stores[tok, col] += 1
+    return out, stores
