@@ -113,7 +113,7 @@ def relaxed_capture():
 class Launch:
     """One variant at one (n, k) on one device, ready to launch: the dispatch table's value."""
 
-    __slots__ = ("block", "config", "function", "grid", "k", "n", "nk", "smem", "variant")
+    __slots__ = ("block", "config", "function", "grid", "k", "n", "nk", "smem", "tma", "variant")
 
     def __init__(self, variant: Variant, function, n: int, k: int):
         d = driver
@@ -123,6 +123,8 @@ class Launch:
         # The record's launch fields were checked equal to these (manifest.launch_problem).
         shape = variant.config.launch(n)
         self.grid, self.block, self.smem = shape.grid, shape.block, shape.smem
+        # "wgmma" reads its weight through TMA: its ``w`` parameter is the weight's tensor map (runtime/tensormaps.py).
+        self.tma = variant.config.kind == "wgmma"
         self.config = None
         attrs = []
         if shape.pdl:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import forward_ad as _fwad
 
-from . import counters, devices, driver, loader
+from . import counters, devices, driver, loader, tensormaps
 
 _BF16 = torch.bfloat16
 # The one rule for which tensors a kernel may read (storage_kind, cached per class):
@@ -58,6 +58,7 @@ def plan(x, weight, residual=None, bias=None) -> driver.Launch | None:
 
     A bias runs only on a bias variant (whose 4th pointer is the bias); a residual only on a
     variant without bias; both at once always fall back (the 40-byte ABI has one extra pointer).
+    A "wgmma" record runs only with its weight's tensor map, which this writes if need be (as a call would).
     """
     rec = decide(x, weight, residual, bias)
     return None if isinstance(rec, str) else rec
@@ -65,6 +66,16 @@ def plan(x, weight, residual=None, bias=None) -> driver.Launch | None:
 
 def decide(x, weight, residual=None, bias=None):
     """The launch record for these eager tensors, or the reason (runtime/counters.py) why F.linear runs."""
+    rec = _decide(x, weight, residual, bias)
+    if not isinstance(rec, str) and rec.tma:
+        found = _weight_map(rec, x.get_device(), weight.data_ptr())
+        if isinstance(found, str):
+            return found
+    return rec
+
+
+def _decide(x, weight, residual, bias):
+    """``decide`` short of a "wgmma" record's tensor map (``run`` looks that up once, for its launch)."""
     try:
         return _plan(x, weight, residual, bias)
     except driver.DriverError:  # loading or binding the variant failed (it is refused, warned once)
@@ -138,6 +149,39 @@ def _plan(x, weight, residual, bias):
     return counters.EXTRA if bias is not None else rec
 
 
+def _weight_map(rec, idx: int, pw: int):
+    """The device address of the tensor map of the weight at ``pw`` for "wgmma" record ``rec`` (written on its first
+    call outside a graph capture), or why F.linear runs: a capture defers a new weight, the cap or the driver refuses.
+    """
+    rows = rec.variant.config.cols
+    found = tensormaps.lookup(idx, pw, rec.n, rec.k, rows)
+    if found is not None:
+        return found
+    try:
+        found = tensormaps.weight_map(idx, pw, rec.n, rec.k, rows, _stream(idx))
+    except (tensormaps.MapsFull, driver.DriverError) as exc:
+        try:
+            _map_refused(idx, rec, exc)
+        except Warning:  # -W error turned the one warning into an exception: still fall back
+            pass
+        return counters.REFUSED
+    return counters.DEFERRED if found is None else found
+
+
+def _map_refused(idx: int, rec: driver.Launch, exc: Exception) -> None:
+    """Warn once per variant and device (once per device at the cap) that a weight got no tensor map."""
+    full = isinstance(exc, tensormaps.MapsFull)
+    once = (idx, "tensor maps full") if full else (idx, rec.variant.id, "tensor map")
+    if once not in _failed:
+        _failed.add(once)
+        warnings.warn(
+            f"skinny_gemm: no tensor map for a weight of {rec.variant.file} on GPU {idx} ({exc}); "
+            f"{'new weights' if full else 'such weights'} fall back to F.linear",
+            devices.ArtifactWarning,
+            stacklevel=5,
+        )
+
+
 def _miss(dev, table, key) -> str:
     """Why a key has no record: still planned (a capture deferred its binding), refused, or never planned."""
     if key in table:
@@ -158,17 +202,19 @@ def _key(x, weight) -> tuple:
 
 def run(x, weight, residual=None, bias=None):
     """Eager skinny_gemm.linear: the planned cubin when one fits exactly, else the fallback; both counted."""
-    rec = decide(x, weight, residual, bias)
+    rec = _decide(x, weight, residual, bias)
     if isinstance(rec, str):
-        y = fallback(x, weight, bias, residual)
-        # Counted once F.linear has run: a call that raises F.linear's error is no fallback.
-        counters.FALLBACKS[(*_key(x, weight), rec)] += 1
-        return y
+        return _fall_back(x, weight, bias, residual, rec)
+    idx = x.get_device()
+    w = weight.data_ptr()
+    if rec.tma:  # "wgmma": the 2nd pointer is the weight's tensor map (runtime/tensormaps.py)
+        w = _weight_map(rec, idx, w)
+        if isinstance(w, str):
+            return _fall_back(x, weight, bias, residual, w)
     out = x.new_empty(x.shape[:-1] + (rec.n,))
     # The 4th pointer: the bias on a bias variant, else the residual (0 = none).
     extra = bias if bias is not None else residual
-    idx = x.get_device()
-    err = _launch(rec, idx, x.data_ptr(), weight.data_ptr(), out.data_ptr(), 0 if extra is None else extra.data_ptr())
+    err = _launch(rec, idx, x.data_ptr(), w, out.data_ptr(), 0 if extra is None else extra.data_ptr())
     key = (rec.n, rec.k, out.numel() // rec.n)
     if int(err) != 0:
         try:
@@ -180,6 +226,18 @@ def run(x, weight, residual=None, bias=None):
         return y
     counters.LAUNCHES[key] += 1
     return out
+
+
+def _fall_back(x, weight, bias, residual, reason: str):
+    y = fallback(x, weight, bias, residual)
+    # Counted once F.linear has run: a call that raises F.linear's error is no fallback.
+    counters.FALLBACKS[(*_key(x, weight), reason)] += 1
+    return y
+
+
+def _stream(idx: int) -> int:
+    """Torch's current stream on GPU ``idx``: its raw handle."""
+    return _raw_stream(idx) if _raw_stream is not None else torch.cuda.current_stream(idx).cuda_stream
 
 
 def _launch(rec, idx: int, a: int, w: int, out: int, extra: int):

@@ -1,5 +1,6 @@
 """A fake ``cuda.bindings.driver`` for CPU tests: GPUs of given capabilities, a driver that reads the cubins
-it is given (runtime/elf.py) the way the real one would (arch, symbols, parameter layout), and records launches.
+it is given (runtime/elf.py) the way the real one would (arch, symbols, parameter layout), and records launches,
+device allocations, tensor-map encodes, host-to-device copies and stream synchronizations.
 
 Install it with ``monkeypatch.setattr(skinny_gemm.runtime.driver, "driver", FakeDriver(...))`` (the ``fresh``
 fixture in helpers/artifacts.py does).
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import hashlib
 
 from skinny_gemm.runtime.manifest import PARAMS
 
@@ -16,6 +18,7 @@ from skinny_gemm.runtime.manifest import PARAMS
 class R(enum.IntEnum):
     CUDA_SUCCESS = 0
     CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_OUT_OF_MEMORY = 2
     CUDA_ERROR_INVALID_IMAGE = 200
     CUDA_ERROR_INVALID_CONTEXT = 201
     CUDA_ERROR_NO_BINARY_FOR_GPU = 209
@@ -44,6 +47,14 @@ class FakeDriver:
         self.fail: dict[str, R] = {}  # "<call>:<symbol or file marker>" -> error
         self.param_override: dict[str, list] = {}
         self.loaded_bytes = 0
+        # Device memory: cuMemAlloc'd blocks, tensor-map encodes, host-to-device copies, stream syncs (in order).
+        self.allocs: list[dict] = []
+        self.encodes: list[dict] = []
+        self.copies: list[dict] = []
+        self.syncs: list[int] = []  # the stream of each cuStreamSynchronize call
+        self.memory: dict[int, bytes] = {}  # copy destination -> the bytes copied there (the last copy)
+        self._next_alloc = 0x7F00_0000_0000
+        self._maps: list = []  # every encoded map's host bytes, kept alive
 
     def __getattr__(self, name):
         return getattr(self._real, name)  # enums and structs (CUlaunchConfig, ...)
@@ -179,3 +190,106 @@ class FakeDriver:
     def cuLaunchKernel(self, fn, gx, gy, gz, bx, by, bz, smem, stream, argv, extra):
         assert extra == 0
         return self._record(fn, (gx, gy, gz), (bx, by, bz), smem, int(stream), argv, [])
+
+    # Device memory and tensor maps: a failure is injected with fail["<call>"] = error.
+
+    def cuMemAlloc(self, size):
+        self._log("cuMemAlloc")
+        if not self.ctx_stack:
+            return (R.CUDA_ERROR_INVALID_CONTEXT, None)
+        err = self.fail.get("cuMemAlloc")
+        if err is not None:
+            return (err, None)
+        if size <= 0:
+            return (R.CUDA_ERROR_INVALID_VALUE, None)
+        # 256-byte aligned as the real allocator's (it gives more), blocks apart: no two blocks are contiguous
+        base = self._next_alloc
+        self._next_alloc += (size + 0x1FFFFF) // 0x200000 * 0x200000 + 0x200000
+        self.allocs.append({"ptr": base, "bytes": size, "ctx": self.ctx_stack[-1]})
+        return (R.CUDA_SUCCESS, self._real.CUdeviceptr(base))
+
+    def cuTensorMapEncodeTiled(self, dtype, rank, ptr, dims, strides, box, elem, interleave, swizzle, l2, oob):
+        """Checks the argument types and the documented limits the runtime's maps meet, records the arguments
+        (as ints and enums) and returns a map whose 128 bytes are a digest of them."""
+        self._log("cuTensorMapEncodeTiled")
+        real = self._real
+        assert isinstance(rank, real.cuuint32_t), "the real binding takes tensorRank as cuuint32_t only"
+        assert all(isinstance(v, real.cuuint64_t) for v in [*dims, *strides]), "globalDim/Strides: cuuint64_t"
+        assert all(isinstance(v, real.cuuint32_t) for v in [*box, *elem]), "boxDim/elementStrides: cuuint32_t"
+        assert isinstance(dtype, real.CUtensorMapDataType) and isinstance(swizzle, real.CUtensorMapSwizzle)
+        assert isinstance(interleave, real.CUtensorMapInterleave) and isinstance(l2, real.CUtensorMapL2promotion)
+        assert isinstance(oob, real.CUtensorMapFloatOOBfill)
+        record = {
+            "dtype": dtype,
+            "rank": int(rank),
+            "ptr": int(ptr),
+            "dims": [int(v) for v in dims],
+            "strides": [int(v) for v in strides],
+            "box": [int(v) for v in box],
+            "elem": [int(v) for v in elem],
+            "interleave": interleave,
+            "swizzle": swizzle,
+            "l2": l2,
+            "oob": oob,
+        }
+        self.encodes.append(record)
+        err = self.fail.get("cuTensorMapEncodeTiled")
+        if err is not None:
+            return (err, None)
+        size = 2 if dtype == real.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 else 4
+        r = record["rank"]
+        ok = (
+            1 <= r <= 5
+            and len(record["dims"]) == len(record["box"]) == len(record["elem"]) == r
+            and len(record["strides"]) == r - 1
+            and record["ptr"] % 16 == 0
+            and all(0 < v <= 2**32 for v in record["dims"])
+            and all(v % 16 == 0 and v < 2**40 for v in record["strides"])
+            and all(0 < v <= 256 for v in record["box"])
+            and all(0 < v <= 8 for v in record["elem"])
+            and record["box"][0] * size % 16 == 0
+            and (swizzle != real.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B or record["box"][0] * size <= 128)
+        )
+        if not ok:
+            return (R.CUDA_ERROR_INVALID_VALUE, None)
+        text = repr(sorted((key, str(v)) for key, v in record.items())).encode()
+        tmap = _FakeTensorMap(hashlib.sha512(text).digest() + hashlib.sha512(b"2" + text).digest())
+        self._maps.append(tmap)
+        return (R.CUDA_SUCCESS, tmap)
+
+    def cuMemcpyHtoDAsync(self, dst, src, size, stream):
+        self._log("cuMemcpyHtoDAsync")
+        if not self.ctx_stack:
+            return (R.CUDA_ERROR_INVALID_CONTEXT,)
+        err = self.fail.get("cuMemcpyHtoDAsync")
+        if err is not None:
+            return (err,)
+        dst = int(dst)
+        if not any(a["ptr"] <= dst and dst + size <= a["ptr"] + a["bytes"] for a in self.allocs):
+            return (R.CUDA_ERROR_INVALID_VALUE,)
+        data = ctypes.string_at(int(src), size)
+        self.copies.append(
+            {"dst": dst, "data": data, "stream": int(stream), "ctx": self.ctx_stack[-1], "call": len(self.calls) - 1}
+        )
+        self.memory[dst] = data
+        return (R.CUDA_SUCCESS,)
+
+    def cuStreamSynchronize(self, stream):
+        self._log("cuStreamSynchronize")
+        self.syncs.append(int(stream))
+        err = self.fail.get("cuStreamSynchronize")
+        if err is not None:
+            return (err,)
+        return (R.CUDA_SUCCESS,)
+
+
+class _FakeTensorMap:
+    """A CUtensorMap stand-in: 128 bytes in host memory at ``getPtr()``, as the real one's."""
+
+    def __init__(self, data: bytes):
+        assert len(data) == 128
+        self.data = data
+        self._buf = ctypes.create_string_buffer(data, 128)
+
+    def getPtr(self):
+        return ctypes.addressof(self._buf)

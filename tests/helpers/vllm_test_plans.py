@@ -134,7 +134,7 @@ def cpu_as_gpu(table: dict, monkeypatch=None, biased=frozenset()) -> None:
 
     records = {
         (n, k, m): SimpleNamespace(
-            n=n, k=k, m=m, variant=SimpleNamespace(config=SimpleNamespace(bias=(n, k) in biased))
+            n=n, k=k, m=m, tma=False, variant=SimpleNamespace(config=SimpleNamespace(bias=(n, k) in biased))
         )
         for (n, k), ms in table.items()
         for m in ms

@@ -1,20 +1,28 @@
 """The custom op on CPU: schema and fake checked by opcheck, tracing routes through one opaque op
-(fake CUDA tensors under FakeTensorMode work without a GPU), and eager CPU calls never plan."""
+(fake CUDA tensors under FakeTensorMode work without a GPU), eager CPU calls never plan, and the eager
+dispatch on a FakeDriver GPU: its launches, its fallbacks, and a "wgmma" record's weight tensor map."""
 
 from __future__ import annotations
 
+import operator
 from collections import Counter
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.fake_capture import FakeCapture
+from helpers.fake_driver import FakeDriver, R
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import skinny_gemm
-from skinny_gemm.runtime import counters, loader, ops
+from skinny_gemm.kernels.config import KernelConfig
+from skinny_gemm.runtime import counters, loader, ops, tensormaps
+from skinny_gemm.runtime import driver as driver_mod
 from skinny_gemm.runtime.artifacts import ENV_ARTIFACTS
-from skinny_gemm.runtime.devices import ArtifactWarning
+from skinny_gemm.runtime.devices import ArtifactWarning, DeviceTable, LaunchTable
+from skinny_gemm.runtime.driver import Launch
+from skinny_gemm.runtime.manifest import PARAMS, Variant
 
 BF16 = torch.bfloat16
 
@@ -454,3 +462,183 @@ def test_active_torch_function_subclasses_get_f_linear_eagerly(monkeypatch):
         F.linear(x, uninitialized)
     assert str(ours.value) == str(theirs.value)
     assert counters.snapshot() == {"launches": [[32, 64, 2, 1]], "fallbacks": [[32, 64, 2, counters.TYPE, 3]]}
+
+
+# "wgmma" records (kernels/skinny_wgmma.py): the launch's 2nd pointer is the weight's tensor map in device memory
+# (runtime/tensormaps.py). The records are made by hand (no wgmma cubin is built here): a real driver.Launch of
+# each variant in a real DeviceTable, bound as a first call would bind it.
+WGMMA = KernelConfig(m=8, kind="wgmma", threads=256, k_threads=256, cols=64, unroll=1, stages=8, prefetch=False)
+MMA = KernelConfig(m=8, kind="mma", threads=256, k_threads=128, cols=16, unroll=1, stages=4, prefetch=False)
+TMA_PLANS = {(4096, 4096, 8): WGMMA, (256, 512, 8): WGMMA, (2048, 2048, 8): MMA}
+F_LINEAR = ops.fallback
+
+
+def _variant(cfg: KernelConfig) -> Variant:
+    shape = cfg.launch()
+    return Variant(
+        id=cfg.name,
+        config=cfg,
+        symbol=f"skinny_{cfg.name}",
+        file=f"{cfg.name}.cubin",
+        sha256="0" * 64,
+        size=0,
+        block=shape.block,
+        cols_per_cta=cfg.cols_per_cta,
+        cluster=shape.cluster,
+        dynamic_smem=shape.smem,
+        pdl=shape.pdl,
+        params=PARAMS,
+    )
+
+
+@pytest.fixture
+def tma_dispatch(monkeypatch):
+    """ops.run against a FakeDriver H200 whose table plans TMA_PLANS, with FakeCuda tensors and no capture
+    (``fake.capture``); returns (fake driver, fallback calls, (n, k, m) -> record)."""
+    fake = FakeDriver()
+    monkeypatch.setattr(driver_mod, "driver", fake)
+    monkeypatch.setattr(loader, "STATE", loader.State(loaded=True))
+    dev = DeviceTable(0, "Fake GPU", (9, 0), "sm_90a", None)
+    dev.table = LaunchTable(dev, {key: cfg.name for key, cfg in TMA_PLANS.items()})
+    records = {key: Launch(_variant(cfg), {"fn": cfg.name}, key[0], key[1]) for key, cfg in TMA_PLANS.items()}
+    dev.table.bound.update(records)
+    monkeypatch.setattr(loader, "DEVICES", {0: dev})
+    monkeypatch.setattr(tensormaps, "_ARENAS", {})
+    monkeypatch.setattr(ops, "_failed", set())
+    monkeypatch.setitem(ops._KINDS, FakeCuda, True)
+    monkeypatch.setattr(ops, "_raw_stream", lambda idx: 1234)
+    monkeypatch.setattr(ops, "_current_device", lambda: 0)
+    fallbacks = []
+    monkeypatch.setattr(ops, "fallback", lambda *args: fallbacks.append(args) or "fallback")
+    monkeypatch.setattr(counters, "LAUNCHES", Counter())
+    monkeypatch.setattr(counters, "FALLBACKS", Counter())
+    fake.capture = FakeCapture(monkeypatch)
+    return fake, fallbacks, records
+
+
+def test_a_wgmma_launch_passes_its_weights_tensor_map(tma_dispatch):
+    fake, fallbacks, recs = tma_dispatch
+    assert [rec.tma for rec in recs.values()] == [True, True, False]  # the records' flag: kind "wgmma"
+    x, w = FakeCuda((8, 4096), 0x1000), FakeCuda((4096, 4096), 0x20000)
+    y = ops.run(x, w)
+    assert fallbacks == [] and isinstance(y, FakeCuda) and y.shape == (8, 4096)
+    mapped = tensormaps.lookup(0, 0x20000, 4096, 4096, 64)
+    launch = fake.launches[-1]
+    assert launch["w"] == mapped and mapped not in (None, 0x20000)
+    assert (launch["a"], launch["out"], launch["residual"], launch["n"], launch["k"]) == (0x1000, 0x9000, 0, 4096, 4096)
+    assert launch["fn"] is recs[(4096, 4096, 8)].function and launch["smem"] == WGMMA.wgmma_smem
+    # the map describes this weight: (K, N) innermost first, boxes of 64 x the variant's 64 rows; written on the
+    # launch's stream before the launch
+    enc = fake.encodes[-1]
+    assert (enc["ptr"], enc["dims"], enc["strides"], enc["box"]) == (0x20000, [4096, 4096], [8192], [64, 64])
+    assert [(c["dst"], c["stream"]) for c in fake.copies] == [(mapped, 1234)] and fake.syncs == [1234]
+    # its next call: the same map, nothing encoded or copied; the residual is still the 4th pointer
+    ops.run(FakeCuda((1, 8, 4096), 0x1100), w, FakeCuda((1, 8, 4096), 0x3000))
+    assert (fake.launches[-1]["w"], fake.launches[-1]["residual"]) == (mapped, 0x3000) and len(fake.encodes) == 1
+    # another weight of that shape: its own map, in the next slot
+    ops.run(x, FakeCuda((4096, 4096), 0x40000))
+    assert fake.launches[-1]["w"] == tensormaps.lookup(0, 0x40000, 4096, 4096, 64) == mapped + 128
+    # the control: an mma record's 2nd pointer is its weight's, and it makes no map
+    ops.run(FakeCuda((8, 2048), 0x1000), FakeCuda((2048, 2048), 0x60000))
+    assert fake.launches[-1]["w"] == 0x60000 and fake.launches[-1]["fn"] is recs[(2048, 2048, 8)].function
+    assert len(fake.encodes) == len(fake.copies) == 2 and tensormaps.count(0) == 2
+    assert ops.plan(x, w) is recs[(4096, 4096, 8)] and len(fake.encodes) == 2
+    assert counters.snapshot() == {"launches": [[2048, 2048, 8, 1], [4096, 4096, 8, 3]], "fallbacks": []}
+
+
+def test_plan_makes_the_map_a_wgmma_call_needs(tma_dispatch):
+    """ops.plan says what would run: a wgmma record with its weight's map, written then (as a call would)."""
+    fake, fallbacks, recs = tma_dispatch
+    x, w = FakeCuda((8, 4096), 0x1000), FakeCuda((4096, 4096), 0x20000)
+    assert ops.plan(x, w) is recs[(4096, 4096, 8)] and tensormaps.lookup(0, 0x20000, 4096, 4096, 64) is not None
+    ops.run(x, w)
+    assert len(fake.encodes) == 1 and fake.launches[-1]["w"] == tensormaps.lookup(0, 0x20000, 4096, 4096, 64)
+
+
+def test_a_new_wgmma_weight_inside_a_capture_is_deferred(tma_dispatch):
+    """vLLM's eager warm-up maps its weights; inside the capture that follows they launch with their maps, and a
+    weight never called before falls back (counted as a capture deferral) with nothing encoded or copied."""
+    fake, fallbacks, recs = tma_dispatch
+    x, w, new = FakeCuda((8, 4096), 0x1000), FakeCuda((4096, 4096), 0x20000), FakeCuda((4096, 4096), 0x40000)
+    ops.run(x, w)
+    mapped, calls = fake.launches[-1]["w"], len(fake.calls)
+    fake.capture.capturing = {0}
+    assert ops.run(x, w) is not fallbacks and fake.launches[-1]["w"] == mapped and len(fake.launches) == 2
+    assert ops.run(x, new) == "fallback" and fallbacks == [(x, new, None, None)]
+    assert ops.decide(x, new) == counters.DEFERRED and ops.plan(x, new) is None
+    assert fake.calls[calls:] == [] and len(fake.encodes) == len(fake.copies) == 1 and len(fake.launches) == 2
+    assert counters.snapshot() == {
+        "launches": [[4096, 4096, 8, 2]],
+        "fallbacks": [[4096, 4096, 8, counters.DEFERRED, 1]],
+    }
+    fake.capture.capturing = set()  # the control: out of the capture the new weight gets its map and launches
+    ops.run(x, new)
+    assert fake.launches[-1]["w"] == tensormaps.lookup(0, 0x40000, 4096, 4096, 64) == mapped + 128
+
+
+@pytest.mark.parametrize("why", ["encode fails", "alloc fails", "cap reached"])
+def test_a_refused_tensor_map_warns_once_and_falls_back(tma_dispatch, monkeypatch, why):
+    import warnings
+
+    fake, fallbacks, recs = tma_dispatch
+    x, w, w2 = FakeCuda((8, 4096), 0x1000), FakeCuda((4096, 4096), 0x20000), FakeCuda((4096, 4096), 0x40000)
+    if why == "cap reached":
+        monkeypatch.setattr(tensormaps, "MAX_MAPS", 1)
+        ops.run(x, FakeCuda((4096, 4096), 0x80000))  # the one map the device may hold
+    elif why == "encode fails":
+        fake.fail["cuTensorMapEncodeTiled"] = R.CUDA_ERROR_INVALID_VALUE
+    else:
+        fake.fail["cuMemAlloc"] = R.CUDA_ERROR_OUT_OF_MEMORY
+    launched = len(fake.launches)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for weight in (w, w, w2):
+            assert ops.run(x, weight) == "fallback"
+        assert ops.plan(x, w) is None and ops.decide(x, w2) == counters.REFUSED
+    assert [w.category for w in caught] == [ArtifactWarning], [str(w.message) for w in caught]
+    message = str(caught[0].message)
+    assert recs[(4096, 4096, 8)].variant.file in message and "GPU 0" in message
+    expected = {"encode fails": "cuTensorMapEncodeTiled", "alloc fails": "cuMemAlloc", "cap reached": "holds 1 "}
+    assert expected[why] in message, message
+    assert fallbacks == [(x, w, None, None), (x, w, None, None), (x, w2, None, None)]
+    assert len(fake.launches) == launched and counters.FALLBACKS[(4096, 4096, 8, counters.REFUSED)] == 3
+    # the driver was asked once per weight: a refused weight is not retried on every call
+    if why == "encode fails":
+        assert [e["ptr"] for e in fake.encodes] == [0x20000, 0x40000]
+    # the control: the mma record still launches (and, at the cap, the mapped weight too)
+    ops.run(FakeCuda((8, 2048), 0x1000), FakeCuda((2048, 2048), 0x60000))
+    assert fake.launches[-1]["w"] == 0x60000
+    if why == "cap reached":
+        ops.run(x, FakeCuda((4096, 4096), 0x80000))
+        assert fake.launches[-1]["w"] == tensormaps.lookup(0, 0x80000, 4096, 4096, 64)
+
+
+def test_a_refused_tensor_map_under_warnings_as_errors_still_falls_back(tma_dispatch):
+    import warnings
+
+    fake, fallbacks, recs = tma_dispatch
+    fake.fail["cuTensorMapEncodeTiled"] = R.CUDA_ERROR_INVALID_VALUE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ops.run(FakeCuda((8, 4096), 0x1000), FakeCuda((4096, 4096), 0x20000)) == "fallback"
+    assert len(fallbacks) == 1 and fake.launches == []
+
+
+def test_a_refused_tensor_map_gives_f_linears_result(tma_dispatch, monkeypatch):
+    """Real CPU tensors through the real fallback: the encode (of this weight's pointer) fails, F.linear runs."""
+    fake, fallbacks, recs = tma_dispatch
+    monkeypatch.setattr(ops, "fallback", F_LINEAR)
+    monkeypatch.setattr(ops, "_on_gpu", operator.attrgetter("is_cpu"))
+    monkeypatch.setitem(loader.DEVICES, -1, loader.DEVICES[0])  # a CPU tensor's get_device() stands for GPU 0
+
+    def cuDeviceGet(ordinal):
+        return (R.CUDA_SUCCESS, 0)
+
+    fake.cuDeviceGet = cuDeviceGet
+    fake.fail["cuTensorMapEncodeTiled"] = R.CUDA_ERROR_INVALID_VALUE
+    x, w = torch.randn(8, 512, dtype=BF16), torch.randn(256, 512, dtype=BF16)
+    with pytest.warns(ArtifactWarning, match="cuTensorMapEncodeTiled"):
+        y = ops.run(x, w)
+    assert torch.equal(y, F.linear(x, w)) and fake.launches == []
+    assert fake.encodes[-1]["ptr"] == w.data_ptr() and fake.encodes[-1]["dims"] == [512, 256]
+    assert counters.snapshot() == {"launches": [], "fallbacks": [[256, 512, 8, counters.REFUSED, 1]]}
