@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import driver as drv
+from . import tensormaps
 from .artifacts import Library
 from .driver import DriverError, Launch, call
 from .manifest import Variant
@@ -310,6 +311,13 @@ class DeviceTable:
             stream = torch.cuda.current_stream(self.ordinal).cuda_stream
         ptrs = [0 if t is None else t if isinstance(t, int) else t.data_ptr() for t in (a, w, out, residual)]
         rec = self.launch_for(variant_id, n, k)
+        if rec.tma:  # "wgmma": the 2nd pointer is the weight's tensor map, written on its first (uncaptured) launch
+            ptrs[1] = tensormaps.weight_map(self.ordinal, ptrs[1], n, k, rec.variant.config.cols, stream)
+            if ptrs[1] is None:
+                raise RuntimeError(
+                    f"{variant_id}: a weight's first launch on GPU {self.ordinal} is inside a graph capture, "
+                    "where its tensor map cannot be written; launch it once before capturing"
+                )
         with torch.cuda.device(self.ordinal):  # a NULL stream launches into the current context
             drv.launch(rec, *ptrs, stream)
 

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from helpers.reference import allowed, assert_within_bound, poison_, poison_allocator, random_tensor, reference
 
 import skinny_gemm
-from skinny_gemm.runtime import diagnostics, driver, loader, ops
+from skinny_gemm.runtime import diagnostics, driver, loader, ops, tensormaps
 from skinny_gemm.runtime.artifacts import ENV_ARTIFACTS, open_dir
 from skinny_gemm.runtime.devices import ArtifactWarning, DeviceTable
 from skinny_gemm.runtime.manifest import ARCH_FOR_CAPABILITY, MANIFEST_NAME
@@ -840,11 +840,19 @@ def _bias(n, scale, gen):
     return random_tensor((n,), "cuda", scale, generator=gen)
 
 
+def _weight_arg(rec, w) -> int:
+    """The 2nd pointer of a launch: the weight, or for a "wgmma" record the device address of its tensor map."""
+    if not rec.tma:
+        return w.data_ptr()
+    idx = torch.cuda.current_device()
+    return tensormaps.weight_map(idx, w.data_ptr(), rec.n, rec.k, rec.variant.config.cols, stream())
+
+
 def _launch_guarded(rec, x, w, extra, m, n):
     """Launch into a poisoned output followed by 256 sentinel elements; returns (out, sentinel intact)."""
     buf = torch.full((m * n + 256,), 12352.0, dtype=BF16, device="cuda")
     poison_(buf[: m * n])
-    driver.launch(rec, x.data_ptr(), w.data_ptr(), buf.data_ptr(), ptr(extra), stream())
+    driver.launch(rec, x.data_ptr(), _weight_arg(rec, w), buf.data_ptr(), ptr(extra), stream())
     torch.cuda.synchronize()
     return buf[: m * n].view(m, n), bool((buf[m * n :] == 12352.0).all())
 
@@ -875,15 +883,32 @@ def test_new_paths_eager_against_float64(new_paths_table):
     assert not failures, "\n".join(failures[:20])
 
 
-def test_new_paths_negative_control(new_paths_table):
+@pytest.mark.parametrize("kind", ["mma", "wgmma"])
+def test_new_paths_negative_control(new_paths_table, kind):
     """The check above fails on a wrong result: a bias variant launched without its bias, compared with it."""
     table, cases = new_paths_table
-    why, n, k, cfg = next(c for c in cases if c[3].bias)
+    why, n, k, cfg = next(c for c in cases if c[3].bias and c[3].kind == kind)
     gen = torch.Generator(device="cuda").manual_seed(15)
     x, b = random_tensor((cfg.m, k), "cuda", generator=gen), _bias(n, 1.0, gen)
     out, _ = _launch_guarded(table.table[(n, k, cfg.m)], x, weight(n, k), None, cfg.m, n)
     with pytest.raises(AssertionError, match="out of bound"):
         assert_within_bound(out, x, weight(n, k), b.expand(cfg.m, n), what=why)
+
+
+def test_wgmma_reads_the_weight_its_map_names(new_paths_table):
+    """Negative control at the map: a "wgmma" record launched with another weight's tensor map (same shape)
+    computes that weight's product, which the bound refuses for the weight passed."""
+    table, cases = new_paths_table
+    why, n, k, cfg = next(c for c in cases if c[3].kind == "wgmma" and not c[3].bias)
+    rec = table.table[(n, k, cfg.m)]
+    gen = torch.Generator(device="cuda").manual_seed(18)
+    x = random_tensor((cfg.m, k), "cuda", generator=gen)
+    w, other = weight(n, k), weight(n, k).flip(0).contiguous()
+    out, intact = _launch_guarded(rec, x, other, None, cfg.m, n)
+    assert intact
+    assert_within_bound(out, x, other, what=f"{why}: the other weight's product")
+    with pytest.raises(AssertionError, match="out of bound"):
+        assert_within_bound(out, x, w, what=why)
 
 
 def test_new_paths_keep_inf_and_nan_where_they_are(new_paths_table):

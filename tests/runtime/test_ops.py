@@ -576,6 +576,29 @@ def test_a_new_wgmma_weight_inside_a_capture_is_deferred(tma_dispatch):
     assert fake.launches[-1]["w"] == tensormaps.lookup(0, 0x40000, 4096, 4096, 64) == mapped + 128
 
 
+def test_bench_and_tuning_launches_of_a_wgmma_variant_pass_its_map(tma_dispatch, monkeypatch):
+    """DeviceTable.launch (bench and tuner code): a wgmma variant gets its weight's map as the 2nd pointer, an mma one
+    its weight; a weight first launched inside a capture has no map to write there, so the launch stops with one line."""
+    import contextlib
+
+    fake, _, recs = tma_dispatch
+    dev = loader.DEVICES[0]
+    by_id = {rec.variant.id: rec for rec in recs.values()}
+    monkeypatch.setattr(dev, "launch_for", lambda vid, n, k: by_id[vid])
+    monkeypatch.setattr(torch.cuda, "device", lambda idx: contextlib.nullcontext())
+    dev.launch(WGMMA.name, 0x1000, 0x20000, 0x9000, None, 4096, 4096, stream=77)
+    mapped = tensormaps.lookup(0, 0x20000, 4096, 4096, 64)
+    assert fake.launches[-1]["w"] == mapped and mapped not in (None, 0x20000) and fake.syncs == [77]
+    dev.launch(MMA.name, 0x1000, 0x60000, 0x9000, None, 2048, 2048, stream=77)
+    assert fake.launches[-1]["w"] == 0x60000
+    fake.capture.capturing = {0}
+    dev.launch(WGMMA.name, 0x1000, 0x20000, 0x9000, None, 4096, 4096, stream=77)  # mapped before: launches
+    assert fake.launches[-1]["w"] == mapped
+    with pytest.raises(RuntimeError, match="inside a graph capture"):
+        dev.launch(WGMMA.name, 0x1000, 0x40000, 0x9000, None, 4096, 4096, stream=77)
+    assert len(fake.encodes) == 1
+
+
 @pytest.mark.parametrize("why", ["encode fails", "alloc fails", "cap reached"])
 def test_a_refused_tensor_map_warns_once_and_falls_back(tma_dispatch, monkeypatch, why):
     import warnings
