@@ -4,7 +4,7 @@
 
 Builds the bench's served step (aot/served.py: TP1 of the model's step file, M tokens), captures it with
 cuBLAS and with skinny_gemm.linear as the GEMM, replays each graph under torch.profiler (CUPTI kernel records)
-and sums the kernel durations per class: our GEMM kernels (name starts with skinny_), cuBLAS GEMM kernels
+and sums the kernel durations per class (and keeps the last replay's kernels in start order: their overlap): our GEMM kernels (name starts with skinny_), cuBLAS GEMM kernels
 (name has gemm/gemv/cutlass/sm90), and every other kernel (the ops' stand-ins); also the wall time per
 replay, whose excess over the kernel sum is the idle time between kernels.
 """
@@ -52,8 +52,18 @@ def profile(graph) -> dict:
         names.setdefault(c, {})
         names[c][ev.name[:90]] = names[c].get(ev.name[:90], 0.0) + us / REPLAYS
     top = {c: dict(sorted(v.items(), key=lambda kv: -kv[1])[:8]) for c, v in names.items()}
+    # the last replay's kernels in start order: (class, name, start us from the replay's first kernel, duration)
+    kernels = sorted(
+        (ev.time_range.start, ev.time_range.end, ev.name)
+        for ev in prof.events()
+        if ev.device_type == torch.autograd.DeviceType.CUDA
+    )
+    per = len(kernels) // REPLAYS
+    last = kernels[-per:] if per else []
+    t0 = last[0][0] if last else 0
+    trace = [(classify(nm), nm[:60], round(a - t0, 2), round(b - a, 2)) for a, b, nm in last]
     return {"wall_us": start.elapsed_time(stop) * 1e3 / REPLAYS, "kernel_us": sums,
-            "kernels_per_replay": {c: n / REPLAYS for c, n in counts.items()}, "top": top}
+            "kernels_per_replay": {c: n / REPLAYS for c, n in counts.items()}, "top": top, "trace": trace}
 
 
 def main():

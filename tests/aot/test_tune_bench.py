@@ -56,11 +56,13 @@ def test_candidates_are_valid_and_bounded():
         for cfg in cands:
             cfg.check(n=n, k=k)
             assert cfg.m == m
-        assert {c.kind for c in cands} == {"simt", "mma"}, (
-            "bulk picks slow the whole decode step (~50 us on H200 TP8 M=4)"
-        )
+        kinds = {c.kind for c in cands}
+        assert kinds - {"wgmma"} == {"simt", "mma"}, "bulk picks slow the whole decode step (~50 us on H200 TP8 M=4)"
+        assert ("wgmma" in kinds) == (m >= 4), "the wgmma space starts at M = 4"
         assert any(c.groups > 1 and c.kind == "mma" for c in cands) == (m >= 2)
-        assert any(c.split > 1 for c in cands) == (k >= 1024), "cluster-split candidates wherever K can be split"
+        assert any(c.split > 1 and c.kind == "mma" for c in cands) == (k >= 1024), (
+            "cluster-split mma wherever K can be split"
+        )
 
 
 def test_slice_candidates_are_short_valid_ctas():
