@@ -33,7 +33,9 @@ every variant bound at once, any (n, k) a variant's config accepts)::
     table.launch(variant_id, x, w, out, residual, n, k)   # tensors or ints; residual None = none;
                                                           # torch's current stream unless stream= is given
     rec = table.launch_for(variant_id, n, k)          # or: a prebuilt record (checks the config fits n, k)
-    driver.launch(rec, a_ptr, w_ptr, out_ptr, residual_ptr, stream)   # ints; raises DriverError if refused
+    driver.launch(rec, a_ptr, w_ptr, out_ptr, residual_ptr, stream)   # ints; raises DriverError if refused;
+                                                          # w_ptr of a rec.tma ("wgmma") record: its map
+                                                          # (tensormaps.weight_map), not the weight
 
 The caller owns shapes there: x holds ``config.m`` rows of k, out ``config.m``
 rows of n, all 16-byte aligned and contiguous. ``table.table`` maps every

@@ -41,7 +41,11 @@ def test_every_output_is_the_exact_product_stored_once(cfg, n, k):
         ("token rows swapped in pairs", lambda cols, r, j: cols * 128 + (r ^ 1) * 128 + ((j ^ (r % 8)) * 16)),
         (
             "accumulator rows of the other half",
-            lambda e, warp, lane: (warp * 16 + lane // 4 + 8 * (e % 2), 8 * (e // 4) + 2 * (lane % 4) + e % 2),
+            lambda e, warp, lane: (warp * 16 + lane // 4 + 8 * (e % 2), 8 * (e // 4) + 2 * (lane % 4) + (e // 2) % 2),
+        ),
+        (
+            "accumulator lanes transposed",
+            lambda e, warp, lane: (warp * 16 + (lane % 8), 8 * (e // 4) + 2 * (lane // 8) + e % 2),
         ),
     ],
 )

@@ -1,7 +1,8 @@
 """A CPU emulator of the "wgmma" kernel (kernels/skinny_wgmma.py) on integer-valued inputs, exact in float64.
 
 It runs the kernel's own index functions (box_coords, token_dst, operand_addrs, acc_coords, sw128_desc) on
-Python ints against a model of the hardware they drive:
+Python ints against a model of the hardware they drive (not emulated: the token source address, the cluster
+reduction's slots and the barrier phases, which the H200 runs check):
 
 - TMA with the 128-byte swizzle writes box row r's 16-byte unit j at r * 128 + (j ^ (r % 8)) * 16 from a
   1024-aligned box start; cp.async writes its 16 bytes where the kernel says (token_dst).
@@ -9,8 +10,8 @@ Python ints against a model of the hardware they drive:
   stride byte offset between 8-row groups (bits 32-45, >> 4), swizzle mode (bits 62-63, 1 = 128 B);
   element (row i, k kk) of a k16 step is at start + (i // 8) * SBO + (i % 8) * 128 + 2 kk, and the
   swizzle then XORs address bits 4-6 with bits 7-9.
-- Accumulator e of thread (warp, lane) is D[row, token] as acc_coords says, which is the PTX fragment layout
-  of m64nNk16 (row 16 warp + lane / 4 + 8 ((e / 2) % 2), column 8 (e / 4) + 2 (lane % 4) + e % 2).
+- Accumulator e of thread (warp, lane) holds D[row, token] of the PTX fragment layout of m64nNk16 (_ptx_acc,
+  written apart from the kernel's acc_coords, which only decides where the kernel stores it).
 
 Each stage of each CTA of each cluster rank is written and read through one byte array; the ranks' partial
 sums are added as the cluster reduction does, and each stored (token, row) is recorded.
@@ -35,6 +36,12 @@ K16_BYTES = 32
 
 def _swizzle(addr: int) -> int:
     return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def _ptx_acc(e: int, warp: int, lane: int) -> tuple[int, int]:
+    """The hardware's side, written from the PTX fragment layout of m64nNk16 (not the kernel's acc_coords):
+    accumulator e of (warp, lane) holds D[16 warp + lane / 4 + 8 ((e / 2) % 2), 8 (e / 4) + 2 (lane % 4) + e % 2]."""
+    return 16 * warp + lane // 4 + 8 * ((e >> 1) & 1), 8 * (e >> 2) + 2 * (lane & 3) + (e & 1)
 
 
 def _decode(desc: int) -> tuple[int, int, int]:
@@ -96,7 +103,7 @@ def run(cfg, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                     for warp in range(4):
                         for lane in range(32):
                             for e in range(nt // 2):
-                                i, tok = acc_coords(e, warp, lane)
+                                i, tok = _ptx_acc(e, warp, lane)
                                 key = (wg, warp, lane, e)
                                 acc[key] = acc.get(key, 0.0) + d[i, tok]
             for key, v in acc.items():
