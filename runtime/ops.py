@@ -159,7 +159,7 @@ def _weight_map(rec, idx: int, pw: int):
         return found
     try:
         found = tensormaps.weight_map(idx, pw, rec.n, rec.k, rows, _stream(idx))
-    except (tensormaps.MapsFull, driver.DriverError) as exc:
+    except Exception as exc:  # the cap, the driver, or its binding refused: never a crash on valid input
         try:
             _map_refused(idx, rec, exc)
         except Warning:  # -W error turned the one warning into an exception: still fall back
@@ -172,10 +172,11 @@ def _map_refused(idx: int, rec: driver.Launch, exc: Exception) -> None:
     """Warn once per variant and device (once per device at the cap) that a weight got no tensor map."""
     full = isinstance(exc, tensormaps.MapsFull)
     once = (idx, "tensor maps full") if full else (idx, rec.variant.id, "tensor map")
+    why = str(exc) if isinstance(exc, (tensormaps.MapsFull, driver.DriverError)) else f"{type(exc).__name__}: {exc}"
     if once not in _failed:
         _failed.add(once)
         warnings.warn(
-            f"skinny_gemm: no tensor map for a weight of {rec.variant.file} on GPU {idx} ({exc}); "
+            f"skinny_gemm: no tensor map for a weight of {rec.variant.file} on GPU {idx} ({why}); "
             f"{'new weights' if full else 'such weights'} fall back to F.linear",
             devices.ArtifactWarning,
             stacklevel=5,

@@ -22,9 +22,9 @@ its 128 bytes on torch's current stream of the device, then
 cuStreamSynchronize of that stream. The source is pageable host memory, and a
 pageable copy may return before its DMA has landed: after the sync the map is
 in device memory, for a launch on any stream. None of this runs while that
-device's stream captures a graph (the copy would become a graph node, the sync
-would break the capture): there a weight without a map gets None, and its call
-falls back. vLLM runs every shape eagerly before it captures, so each weight
+device's current stream, or the stream given, captures a graph (the copy would
+become a graph node, the sync would break the capture): there a weight without
+a map gets None, and its call falls back. vLLM runs every shape eagerly before it captures, so each weight
 has its map by then; a replay reads the slot its capture recorded.
 
 No import-time side effects; every driver call goes through runtime/driver.py
@@ -82,8 +82,9 @@ def weight_map(idx: int, ptr: int, n: int, k: int, rows: int, stream: int) -> in
     """The device address of the map of the (n, k) bf16 weight at ``ptr`` on GPU ``idx`` with boxes of ``rows``
     weight rows x 64 K, written now if it has none (on raw stream handle ``stream``, torch's current one there).
 
-    None while that device's stream captures and the weight has no map yet (nothing is encoded or copied then).
-    Raises MapsFull at the cap, DriverError when the driver refuses (that key stays refused).
+    None while that device's stream or ``stream`` captures and the weight has no map yet (nothing is encoded or
+    copied then). Raises MapsFull at the cap; what the driver or its binding raised when it refuses (that key stays
+    refused: later calls raise DriverError with the first one's text).
     """
     key = (ptr, n, k, rows)
     arena = _ARENAS.get(idx)
@@ -105,17 +106,22 @@ def weight_map(idx: int, ptr: int, n: int, k: int, rows: int, stream: int) -> in
             raise MapsFull(f"GPU {idx} holds {MAX_MAPS} tensor maps, the most it keeps")
         try:
             slot = _write(arena, idx, key, stream)
-        except DriverError as exc:
-            arena.refused[key] = str(exc)
+        except Exception as exc:  # a binding's TypeError too: refused like the driver's own errors, never retried
+            arena.refused[key] = str(exc) if isinstance(exc, DriverError) else f"{type(exc).__name__}: {exc}"
             raise
-        arena.maps[key] = slot  # published once the bytes are in device memory
+        if slot is not None:
+            arena.maps[key] = slot  # published once the bytes are in device memory
         return slot
 
 
-def _write(arena: _Arena, idx: int, key: tuple[int, int, int, int], stream: int) -> int:
+def _write(arena: _Arena, idx: int, key: tuple[int, int, int, int], stream: int) -> int | None:
+    """Encode the map, copy it into the next slot on ``stream`` and wait for it; None (nothing done) while
+    ``stream`` itself captures: a caller's stream need not be torch's current one, which ``drv.capturing`` asks."""
     ptr, n, k, rows = key
     d = drv.driver
     with drv.relaxed_capture(), _context(idx):
+        if _captures(stream):
+            return None
         tmap = _encode(ptr, n, k, rows)  # before a slot is taken: a refused encode costs none
         if arena.used == len(arena.chunks) * CHUNK_SLOTS:
             arena.chunks.append(int(call(d.cuMemAlloc, CHUNK_SLOTS * MAP_BYTES)))
@@ -125,6 +131,17 @@ def _write(arena: _Arena, idx: int, key: tuple[int, int, int, int], stream: int)
         call(d.cuMemcpyHtoDAsync, slot, tmap.getPtr(), MAP_BYTES, stream)
         call(d.cuStreamSynchronize, stream)  # the pageable copy has landed: the map is visible to any stream
     return slot
+
+
+def _captures(stream: int) -> bool:
+    """Whether raw stream ``stream`` is capturing a graph (or the driver cannot say: then it is taken as capturing,
+    and the weight is deferred, not refused)."""
+    d = drv.driver
+    try:
+        status = call(d.cuStreamIsCapturing, stream)
+    except DriverError:
+        return True
+    return status != d.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 def _encode(ptr: int, n: int, k: int, rows: int):

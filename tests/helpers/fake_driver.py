@@ -52,6 +52,7 @@ class FakeDriver:
         self.encodes: list[dict] = []
         self.copies: list[dict] = []
         self.syncs: list[int] = []  # the stream of each cuStreamSynchronize call
+        self.capturing_streams: set[int] = set()  # raw streams whose cuStreamIsCapturing says ACTIVE
         self.memory: dict[int, bytes] = {}  # copy destination -> the bytes copied there (the last copy)
         self._next_alloc = 0x7F00_0000_0000
         self._maps: list = []  # every encoded map's host bytes, kept alive
@@ -273,6 +274,18 @@ class FakeDriver:
         )
         self.memory[dst] = data
         return (R.CUDA_SUCCESS,)
+
+    def cuStreamIsCapturing(self, stream):
+        """ACTIVE for the raw streams in ``capturing_streams`` (a caller's stream, not torch's current one)."""
+        self._log("cuStreamIsCapturing")
+        status = self._real.CUstreamCaptureStatus
+        if "cuStreamIsCapturing" in self.fail:
+            return (self.fail["cuStreamIsCapturing"], None)
+        active = int(stream) in self.capturing_streams
+        return (
+            R.CUDA_SUCCESS,
+            status.CU_STREAM_CAPTURE_STATUS_ACTIVE if active else status.CU_STREAM_CAPTURE_STATUS_NONE,
+        )
 
     def cuStreamSynchronize(self, stream):
         self._log("cuStreamSynchronize")

@@ -597,9 +597,17 @@ def test_bench_and_tuning_launches_of_a_wgmma_variant_pass_its_map(tma_dispatch,
     with pytest.raises(RuntimeError, match="inside a graph capture"):
         dev.launch(WGMMA.name, 0x1000, 0x40000, 0x9000, None, 4096, 4096, stream=77)
     assert len(fake.encodes) == 1
+    # the stream given captures while torch's current one does not: the same one line, nothing written
+    fake.capture.capturing, fake.capturing_streams = set(), {77}
+    with pytest.raises(RuntimeError, match="inside a graph capture"):
+        dev.launch(WGMMA.name, 0x1000, 0x40000, 0x9000, None, 4096, 4096, stream=77)
+    assert len(fake.encodes) == 1 and fake.syncs == [77]
+    fake.capturing_streams = set()  # the control: once that capture ends, the weight gets its map
+    dev.launch(WGMMA.name, 0x1000, 0x40000, 0x9000, None, 4096, 4096, stream=77)
+    assert fake.launches[-1]["w"] == tensormaps.lookup(0, 0x40000, 4096, 4096, 64) == mapped + 128
 
 
-@pytest.mark.parametrize("why", ["encode fails", "alloc fails", "cap reached"])
+@pytest.mark.parametrize("why", ["encode fails", "alloc fails", "cap reached", "binding raises"])
 def test_a_refused_tensor_map_warns_once_and_falls_back(tma_dispatch, monkeypatch, why):
     import warnings
 
@@ -610,6 +618,13 @@ def test_a_refused_tensor_map_warns_once_and_falls_back(tma_dispatch, monkeypatc
         ops.run(x, FakeCuda((4096, 4096), 0x80000))  # the one map the device may hold
     elif why == "encode fails":
         fake.fail["cuTensorMapEncodeTiled"] = R.CUDA_ERROR_INVALID_VALUE
+    elif why == "binding raises":  # not a DriverError: still a fallback, never an exception out of run()
+
+        def broken(*args):
+            fake.encodes.append({"ptr": int(args[2])})
+            raise OverflowError("int too big to convert")
+
+        fake.cuTensorMapEncodeTiled = broken
     else:
         fake.fail["cuMemAlloc"] = R.CUDA_ERROR_OUT_OF_MEMORY
     launched = len(fake.launches)
@@ -621,12 +636,17 @@ def test_a_refused_tensor_map_warns_once_and_falls_back(tma_dispatch, monkeypatc
     assert [w.category for w in caught] == [ArtifactWarning], [str(w.message) for w in caught]
     message = str(caught[0].message)
     assert recs[(4096, 4096, 8)].variant.file in message and "GPU 0" in message
-    expected = {"encode fails": "cuTensorMapEncodeTiled", "alloc fails": "cuMemAlloc", "cap reached": "holds 1 "}
+    expected = {
+        "encode fails": "cuTensorMapEncodeTiled",
+        "alloc fails": "cuMemAlloc",
+        "cap reached": "holds 1 ",
+        "binding raises": "OverflowError: int too big",
+    }
     assert expected[why] in message, message
     assert fallbacks == [(x, w, None, None), (x, w, None, None), (x, w2, None, None)]
     assert len(fake.launches) == launched and counters.FALLBACKS[(4096, 4096, 8, counters.REFUSED)] == 3
     # the driver was asked once per weight: a refused weight is not retried on every call
-    if why == "encode fails":
+    if why in ("encode fails", "binding raises"):
         assert [e["ptr"] for e in fake.encodes] == [0x20000, 0x40000]
     # the control: the mma record still launches (and, at the cap, the mapped weight too)
     ops.run(FakeCuda((8, 2048), 0x1000), FakeCuda((2048, 2048), 0x60000))

@@ -130,6 +130,42 @@ def test_nothing_is_written_inside_a_capture(fake, where):
     written_once(fake)
 
 
+@pytest.mark.parametrize("query", ["captures", "cannot say"])
+def test_nothing_is_written_while_the_given_stream_captures(fake, query):
+    """A caller's stream (bench code passes its own) may capture while torch's current stream does not: the map
+    waits (None, not refused); a stream the driver cannot answer for is taken as capturing."""
+    if query == "captures":
+        fake.capturing_streams = {STREAM}
+    else:
+        fake.fail["cuStreamIsCapturing"] = R.CUDA_ERROR_INVALID_HANDLE
+    assert tensormaps.weight_map(0, 0x20000, 4096, 2048, 64, STREAM) is None
+    assert "cuStreamIsCapturing" in fake.calls
+    assert fake.encodes == [] and fake.allocs == [] and fake.copies == [] and fake.syncs == []
+    assert tensormaps.lookup(0, 0x20000, 4096, 2048, 64) is None
+    assert fake.ctx_stack == [] and fake.capture_mode == [0]
+    # the control: another stream, or the same once its capture ended, writes the map
+    assert tensormaps.weight_map(0, 0x30000, 4096, 2048, 64, STREAM + 1) is not None or query == "cannot say"
+    fake.capturing_streams, fake.fail = set(), {}
+    assert tensormaps.weight_map(0, 0x20000, 4096, 2048, 64, STREAM) is not None
+    written_once(fake)
+
+
+def test_an_exception_from_the_binding_is_refused_once(fake):
+    """Not every failure is a DriverError (a binding may raise TypeError): it refuses the key all the same."""
+
+    def broken(*args):
+        fake._log("cuTensorMapEncodeTiled")
+        raise TypeError("argument 3 has an unexpected type")
+
+    fake.cuTensorMapEncodeTiled = broken
+    with pytest.raises(TypeError, match="unexpected type"):
+        tensormaps.weight_map(0, 0x20000, 4096, 2048, 64, STREAM)
+    calls = len(fake.calls)
+    with pytest.raises(DriverError, match="TypeError: argument 3"):
+        tensormaps.weight_map(0, 0x20000, 4096, 2048, 64, STREAM)
+    assert len(fake.calls) == calls and fake.allocs == [] and fake.ctx_stack == [] and fake.capture_mode == [0]
+
+
 @pytest.mark.parametrize(
     "call", ["cuTensorMapEncodeTiled", "cuMemAlloc", "cuMemcpyHtoDAsync", "cuStreamSynchronize", "cuDeviceGet"]
 )
