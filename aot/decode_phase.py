@@ -28,7 +28,7 @@ import dataclasses
 from ..kernels.config import ConfigError, KernelConfig
 from ..runtime import modelfile
 from ..runtime.jsonfile import InputError
-from .results import isolated_winners
+from .results import CUBLAS, isolated_winners
 
 # Per cell, how many of the fastest isolated winners are re-timed inside the decode step
 # (each with its no-PDL twin, where that twin is a winner too).
@@ -154,6 +154,7 @@ def decode_phase(
     passes: int = 1,
     read_cap: int | None = None,
     confirm_trials: int | None = None,
+    cublas: bool = True,
 ) -> None:
     """Re-rank each cell's candidates (`entry_choices`) inside whole served steps; adds row["decode"] in place.
 
@@ -162,6 +163,8 @@ def decode_phase(
     Then the family check, then per M the confirm step (``confirm_trials`` replays per graph,
     default CONFIRM_TRIALS x ``trials``; 0 skips it and keeps the passes' choices).
     ``read_cap`` shortens the step's read stand-ins (measure.step_data); None keeps the served step's bytes.
+    With ``cublas`` each cell's candidates include cuBLAS itself (``CUBLAS``): alone a kernel may beat cuBLAS and
+    lose to it inside the step, and then that cell alone stays on cuBLAS.
     """
     import torch
     from tqdm import tqdm
@@ -182,6 +185,8 @@ def decode_phase(
                     share[(n, k)] = share.get((n, k), 0.0) + row["cublas_us"]
         for n, k in sorted(share, key=lambda s: -share[s]):
             names = entry_choices(cells[(n, k, m)], top)
+            if names and cublas:
+                names.append(CUBLAS)
             if len(names) > 1:
                 work.setdefault(m, []).append((n, k, names))
     bar = tqdm(total=passes * sum(len(v) for v in work.values()), desc="decode", unit="cell", disable=not progress)
@@ -252,7 +257,9 @@ def _time_steps(lib, bufs: dict, m: int, picks: dict, tps: list, trials: int) ->
 
     def gemm(pick):
         return lambda x, w, out, n, k: (
-            ms.kernel_call(lib, pick[(n, k, m)], x, w, out, n, k) if pick.get((n, k, m)) else ms.cublas_call(x, w, out)
+            ms.kernel_call(lib, pick[(n, k, m)], x, w, out, n, k)
+            if pick.get((n, k, m)) not in (None, CUBLAS)
+            else ms.cublas_call(x, w, out)
         )()
 
     graphs = {
@@ -278,10 +285,10 @@ def _family_check(lib, bufs: dict, m: int, group: list, cells: dict, choice: dic
     """
 
     def fam(key, name):
-        return family(cells[key]["candidates"][name]["config"])
+        return CUBLAS if name == CUBLAS else family(cells[key]["candidates"][name]["config"])
 
     keys = [(n, k, m) for n, k, _ in group]
-    for fam_name in sorted({fam(key, choice[key]) for key in keys}):
+    for fam_name in sorted({fam(key, choice[key]) for key in keys} - {CUBLAS}):  # cuBLAS is the baseline
         members = [key for key in keys if fam(key, choice[key]) == fam_name]
         if len(members) < 2:
             continue

@@ -95,7 +95,8 @@ def measure(
     if in_step:
         data["decode_method"] = (
             f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) and their no-PDL twins "
-            "(PDL on and off compete in every cell) timed inside one CUDA graph of the "
+            "(PDL on and off compete in every cell), and cuBLAS itself (a cell choosing it gets no plan entry), "
+            "timed inside one CUDA graph of the "
             "whole served decode step per TP (the model file's step: projections with the ops between them; "
             "other cells on their current choice), interleaved, median of "
             f"{trials} trials; the lowest sum over the TPs whose step contains the shape is chosen; "

@@ -2,7 +2,8 @@
 
 A results file holds, per (n, k, m) cell, every candidate's timing and correctness against cuBLAS
 and, after the decode phase, the candidate chosen inside the served step. ``write_plan`` keeps per
-cell that choice or else the fastest correct candidate, if it beats cuBLAS by ``MIN_SPEEDUP``.
+cell that choice or else the fastest correct candidate, if it beats cuBLAS by ``MIN_SPEEDUP``; a cell whose
+decode choice is cuBLAS (``CUBLAS``) gets no entry.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from ..runtime.manifest import CAPABILITY_FOR_ARCH, config_of
 from . import plans
 
 MIN_SPEEDUP = 1.05
+# The decode phase's name for cuBLAS as a cell's candidate: a cell whose kernels all lose inside the served step
+# stays on cuBLAS (no plan entry), while the other cells of its M keep theirs.
+CUBLAS = "cublas"
 
 
 def isolated_winners(row: dict, min_speedup: float = MIN_SPEEDUP) -> list[str]:
@@ -98,14 +102,15 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
     if not merged:
         raise ValueError(f"no measured cells in {results}: nothing to write")
     arch = merged[0][0]["arch"]
-    entries, skipped = [], 0
+    entries, skipped, in_step = [], 0, 0
     for data, row in merged:
         winners = isolated_winners(row, min_speedup)
-        if not winners:
-            skipped += 1
-            continue
         decode = row.get("decode", {})
         chosen = decode.get("chosen")
+        if not winners or chosen == CUBLAS:
+            skipped += 1
+            in_step += bool(winners)
+            continue
         name = chosen if chosen in winners else winners[0]
         best = row["candidates"][name]
         us = best["us"]
@@ -129,7 +134,8 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
         "capability": list(CAPABILITY_FOR_ARCH[arch]),
         "dtype": "bfloat16",
         "source": f"skinny-gemm tune on {', '.join(f'{g}, {day}' for g, day in runs)}; "
-        f"cells under {min_speedup}x stay on cuBLAS",
+        f"cells under {min_speedup}x stay on cuBLAS"
+        + (f"; {in_step} cells stay on cuBLAS as their served decode step chose" if in_step else ""),
     }
     path = plans.plan_target(arch, out)
     if not entries:

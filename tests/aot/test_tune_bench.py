@@ -232,7 +232,7 @@ def test_decode_phase_picks_the_lowest_step_time(monkeypatch):
     import torch
 
     # In the step, "a" (isolated fastest) costs more than "b"; "c" loses everywhere.
-    step_cost = {"a": 5.0, "b": 2.0, "c": 9.0, "x": 1.0}
+    step_cost = {"a": 5.0, "b": 2.0, "c": 9.0, "x": 1.0, "cublas": 100.0}
     lib = fake_step(monkeypatch, lambda names: sum(step_cost[name] for name in names))
     rows = [
         {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": {"a": cand(5.0), "b": cand(6.0), "c": cand(7.0)}},
@@ -241,16 +241,22 @@ def test_decode_phase_picks_the_lowest_step_time(monkeypatch):
     decode_phase.decode_phase(lib, rows, STEPS, torch.device("cpu"), top=12, trials=1, progress=False)
     first = rows[0]["decode"]
     assert first["chosen"] == "b"
-    assert first["step_us"] == {"a": {"4": 11.0}, "b": {"4": 5.0}, "c": {"4": 19.0}}
-    # Its only other candidate is under 1.05x: nothing to re-rank, the isolated winner stands.
-    assert "decode" not in rows[1]
+    # cuBLAS competes too (here it runs both (64, 32) calls of the TP4 step, 100 each)
+    assert first["step_us"] == {"a": {"4": 11.0}, "b": {"4": 5.0}, "c": {"4": 19.0}, "cublas": {"4": 201.0}}
+    # Its only other candidate is under 1.05x: its one winner is timed against cuBLAS alone.
+    assert rows[1]["decode"]["chosen"] == "x" and set(rows[1]["decode"]["step_us"]) == {"x", "cublas"}
+    # Without cuBLAS as a candidate a cell with one winner has nothing to re-rank.
+    for row in rows:
+        row.pop("decode")
+    decode_phase.decode_phase(lib, rows, STEPS, torch.device("cpu"), top=12, trials=1, progress=False, cublas=False)
+    assert set(rows[0]["decode"]["step_us"]) == {"a", "b", "c"} and "decode" not in rows[1]
 
 
 def test_decode_phase_second_pass_revisits_earlier_cells(monkeypatch):
     """A cell picked while a later cell sat on its isolated choice is re-picked once that cell has moved."""
     import torch
 
-    cost = {"a1": 3.0, "a2": 4.0, "y1": 3.0, "y2": 1.0}
+    cost = {"a1": 3.0, "a2": 4.0, "y1": 3.0, "y2": 1.0, "cublas": 100.0}
     # a1 and y1 slow each other down in the same step (+5).
     lib = fake_step(
         monkeypatch, lambda names: sum(cost[n] for n in names) + (5.0 if {"a1", "y1"} <= set(names) else 0.0)
@@ -279,7 +285,7 @@ def test_decode_phase_swaps_out_a_family_that_slows_the_whole_step(monkeypatch):
     def kcand(us, kind):
         return {**cand(us), "config": {"kind": kind, "split": 1, "persist": 0}}
 
-    cost = {"b1": 1.0, "m1": 2.0, "b2": 1.0, "m2": 2.0}
+    cost = {"b1": 1.0, "m1": 2.0, "b2": 1.0, "m2": 2.0, "cublas": 100.0}
     # Any bulk launch in a step adds 10, however many: no single swap can remove it.
     lib = fake_step(
         monkeypatch, lambda names: sum(cost[n] for n in names) + (10.0 if {"b1", "b2"} & set(names) else 0.0)
@@ -515,8 +521,8 @@ def test_decode_phase_times_pdl_on_and_off_in_every_cell(monkeypatch):
         }
 
     # Step cost by launch position: after the norm PDL-on is the faster, after the GEMM its no-PDL twin.
-    first = {fast_on.name: 2.0, on.name: 3.5, fast_off.name: 3.0, off.name: 2.5}
-    second = {fast_on.name: 3.0, on.name: 3.5, fast_off.name: 1.0, off.name: 2.5}
+    first = {fast_on.name: 2.0, on.name: 3.5, fast_off.name: 3.0, off.name: 2.5, "cublas": 100.0}
+    second = {fast_on.name: 3.0, on.name: 3.5, fast_off.name: 1.0, off.name: 2.5, "cublas": 100.0}
     lib = fake_step(monkeypatch, lambda names: first[names[0]] + second[names[1]])
     rows = [
         {"n": 64, "k": 32, "m": 1, "cublas_us": 10.0, "candidates": cands()},
@@ -536,7 +542,7 @@ def test_decode_phase_times_pdl_on_and_off_in_every_cell(monkeypatch):
     }
     decode_phase.decode_phase(lib, rows, [step], torch.device("cpu"), top=12, trials=1, progress=False)
     after_op, after_gemm = rows[0]["decode"], rows[1]["decode"]
-    every = {fast_on.name, on.name, fast_off.name, off.name}
+    every = {fast_on.name, on.name, fast_off.name, off.name, "cublas"}
     assert set(after_op["step_us"]) == every and set(after_gemm["step_us"]) == every
     assert after_op["chosen"] == fast_on.name and after_gemm["chosen"] == fast_off.name
     assert lib.launched, "our kernels ran inside the served step's graph"

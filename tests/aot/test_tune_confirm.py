@@ -21,7 +21,7 @@ def _rows(m):
 @pytest.fixture
 def timed(monkeypatch):
     """A fake step whose cost is the sum of the launched variants' costs; records each timing's trials."""
-    cost = {}
+    cost = {"cublas": 1000.0}  # cuBLAS, a candidate in every cell, is far slower in these steps
     lib = fake_step(monkeypatch, lambda names: sum(cost[n] for n in names))
     calls = []
     inner = ms.time_graphs
@@ -133,3 +133,47 @@ def test_measure_cli_takes_confirm_trials(capsys, tmp_path):
     with pytest.raises(SystemExit):
         cli.main(["tune", "measure", "--help"])
     assert "alone-fastest by 0.5% (default 3 x --trials" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_cell_whose_kernels_lose_in_the_step_stays_on_cublas(timed, tmp_path):
+    """Alone both cells' kernels beat cuBLAS; inside the step (128, 64)'s lose to it (as Llama's down_proj at M = 16
+    on the H200): that cell alone goes to cuBLAS, the step confirms it, and tune write plans only the other cell."""
+    import torch
+
+    cost, _, lib = timed
+    a_cfg, b_cfg = candidates.candidates(128, 64, 1)[:2]
+    x_cfg, y_cfg = candidates.candidates(64, 64, 1)[:2]
+    rows = [
+        {"n": 128, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"a1": a_cfg, "b1": b_cfg}},
+        {"n": 64, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"x1": x_cfg, "y1": y_cfg}},
+    ]
+    for row in rows:
+        row["candidates"] = {
+            nm: {**cand(5.0 + i), "config": c.to_json()} for i, (nm, c) in enumerate(row["candidates"].items())
+        }
+    steps = [{"tp": 4, "calls": [[128, 64], [64, 64], [128, 64]]}, {"tp": 8, "calls": [[64, 64]]}]
+    # per call in the step: cuBLAS 50 beats a/b (60 / 70) at (128, 64) and loses to x/y (40 / 45) at (64, 64)
+    cost.update({"a1": 60.0, "b1": 70.0, "x1": 40.0, "y1": 45.0, "cublas": 50.0})
+
+    def run():
+        decode_phase.decode_phase(lib, rows, steps, torch.device("cpu"), top=12, trials=2, progress=False)
+
+    run()
+    assert [r["decode"]["chosen"] for r in rows] == ["cublas", "x1"]
+    assert rows[0]["decode"]["step_us"]["cublas"] == {"4": 140.0}  # TP4: 2 x cuBLAS + x1
+    confirm = rows[0]["decode"]["confirm"]
+    assert confirm == {"kept": True, "step_us": {"decode": {"4": 140.0, "8": 40.0}, "alone": {"4": 160.0, "8": 40.0}}}
+    src = tmp_path / "results.json"
+    src.write_text(
+        json.dumps({"arch": "sm_90a", "gpu": "test GPU", "date": "2026-12-03", "method": "synthetic", "cells": rows})
+    )
+    _, planned, skipped = write_plan(src, out=tmp_path / "plan.json")
+    header, entries = plans.load(tmp_path / "plan.json")
+    assert (planned, skipped) == (1, 1) and [(e.n, e.k, e.m, e.config) for e in entries] == [(64, 64, 1, x_cfg)]
+    assert "1 cells stay on cuBLAS as their served decode step chose" in header["source"]
+    # the control: where cuBLAS is slower in the step, both cells keep a kernel
+    for row in rows:
+        row.pop("decode")
+    cost["cublas"] = 80.0
+    run()
+    assert [r["decode"]["chosen"] for r in rows] == ["a1", "x1"]

@@ -10,15 +10,20 @@ class FakeLib:
         self.launched = []
 
     def launch(self, name, x, w, out, residual, n, k):
-        """Record one launch of ``name``."""
+        """Record one launch of ``name``; "cublas" is no variant of a library (a real one raises KeyError too)."""
+        if name == "cublas":
+            raise KeyError("variant cublas is not loaded")
         self.launched.append(name)
 
 
 def fake_step(monkeypatch, cost) -> FakeLib:
-    """Patch aot.measure so capture returns the names a graph launches and time_graphs returns cost(names)."""
+    """Patch aot.measure so capture returns the names a graph launches and time_graphs returns cost(names);
+    a cuBLAS launch is named "cublas" there (the decode phase's name for cuBLAS as a candidate)."""
     from skinny_gemm.aot import measure as ms
+    from skinny_gemm.aot.results import CUBLAS
 
     lib = FakeLib()
+    monkeypatch.setattr(ms, "cublas_call", lambda x, w, out: lambda: lib.launched.append(CUBLAS))
 
     def capture(calls):
         lib.launched.clear()
