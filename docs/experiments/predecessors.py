@@ -2,7 +2,7 @@
 (cuBLAS's 220 KB shared-memory kernels set the SM's L1 / shared-memory split), and does our kernel's carveout
 preference undo it?
 
-    SKINNY_GEMM_ARTIFACTS=ROOT PYTHONPATH=SITE python docs/experiments/predecessors.py OUT.json [N K M]   (GPU)
+    SKINNY_GEMM_ARTIFACTS=ROOT PYTHONPATH=SITE python docs/experiments/predecessors.py OUT.json [N K M [C,C,..]] (GPU)
 
 One cell (default Llama-3.1-8B's down_proj, 4096x14336, M = 16): the planned record (skinny_gemm.linear) and
 cuBLAS, in CUDA graphs of 20 iterations, weights cycling over 16 GiB of copies, each GEMM after:
@@ -10,8 +10,8 @@ cuBLAS, in CUDA graphs of 20 iterations, weights cycling over 16 GiB of copies, 
   gate_up     the step's own: cuBLAS gate_up (28672x4096, its weights over 16 GiB), silu, mul writing the tokens;
   read        a 235 MB torch.sum (a DRAM stream by a kernel with no shared memory), then the add;
   hot_cublas  a cuBLAS GEMM whose 32 MB weight stays in L2 (its kernel, little DRAM traffic), then the add.
-Then the same with our kernel's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT at 0 (most L1) and at 100
-(most shared memory). Per condition the median CUPTI duration of each kernel name (torch.profiler, 3 replays).
+Then the same with our kernel's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT at each percentage C (default
+0, the most L1, and 100, the most shared memory). Per condition the median CUPTI duration of each kernel name (torch.profiler, 3 replays).
 """
 
 import json
@@ -52,6 +52,7 @@ def copies(n, k, total, gen):
 def main():
     dest = Path(sys.argv[1])
     n, k, m = (int(a) for a in sys.argv[2:5]) if len(sys.argv) > 4 else (4096, 14336, 16)
+    carves = [None] + ([int(c) for c in sys.argv[5].split(",")] if len(sys.argv) > 5 else [0, 100])
     gen = torch.Generator(device="cuda").manual_seed(11)
     ws = copies(n, k, 16 << 30, gen)
     gate = copies(28672, 4096, 16 << 30, gen)
@@ -95,9 +96,12 @@ def main():
         "static_smem": int(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, rec.function)[1]),
         "dynamic_smem": rec.smem,
         "registers": int(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, rec.function)[1]),
+        "carveout_at_bind": int(
+            cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, rec.function)[1]
+        ),
     }
     print(json.dumps(result["ours"]), json.dumps(result["bad"]), flush=True)
-    for carve in (None, 0, 100):
+    for carve in carves:
         if carve is not None:
             err = cu.cuFuncSetAttribute(rec.function, attr.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, carve)
             assert int(err[0]) == 0, err
