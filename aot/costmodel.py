@@ -201,6 +201,13 @@ def load(path: Path = MODEL_FILE) -> dict:
     model = json.loads(Path(path).read_text())
     if set(model.get("coef", {})) != set(FEATURES):
         raise ValueError(f"{path}: its features differ from aot/costmodel.py's; refit with `tune model-fit`")
+    fit = model.get("fit")
+    families = fit.get("families") if isinstance(fit, dict) else None
+    if not isinstance(families, dict) or not families:
+        # without it `select` would take every family for unseen and keep every candidate: no cut at all
+        raise ValueError(
+            f"{path}: field 'fit.families' (timings per kernel family) is missing; refit with `tune model-fit`"
+        )
     return model
 
 
