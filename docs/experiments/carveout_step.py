@@ -10,31 +10,17 @@ duration (torch.profiler, 3 replays).
 """
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 from cuda.bindings import driver as cu
+from gpu_timing import kernels, time_graphs
 
 import skinny_gemm
 from skinny_gemm.aot import measure as ms
 from skinny_gemm.aot import served
 from skinny_gemm.runtime import loader
-
-
-def kernels(graph, replays=3) -> dict:
-    graph.replay()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    by = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            by.setdefault(ev.name[:70], []).append(ev.device_time if hasattr(ev, "device_time") else ev.cuda_time)
-    return {k: [round(statistics.median(v), 2), len(v) // replays] for k, v in sorted(by.items())}
 
 
 def main():
@@ -56,17 +42,7 @@ def main():
         "cublas": ms.capture(ms.step_calls(data, lambda x, w, o, n, k: torch.mm(x, w.T, out=o))),
         "ours": ms.capture(ours),
     }
-    samples = {k: [] for k in graphs}
-    for t in range(7):
-        for name in list(graphs)[t % 2 :] + list(graphs)[: t % 2]:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(3):
-                graphs[name].replay()
-            b.record()
-            b.synchronize()
-            samples[name].append(a.elapsed_time(b) * 1e3 / 3)
-    wall = {k: round(statistics.median(v), 1) for k, v in samples.items()}
+    wall = {k: round(v, 1) for k, v in time_graphs(graphs).items()}
     result = {
         "gpu": torch.cuda.get_device_name(),
         "model": slug,

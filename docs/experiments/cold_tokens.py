@@ -19,11 +19,11 @@ Outputs are checked against float64 once per record first (bound of helpers/refe
 
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import torch
+from gpu_timing import time_graphs
 
 import skinny_gemm
 from skinny_gemm.aot import measure as ms
@@ -41,22 +41,6 @@ def graph(fn):
     with torch.cuda.graph(g):
         fn()
     return g
-
-
-def time_graphs(graphs: dict, trials=7, reps=1) -> dict:
-    out = {k: [] for k in graphs}
-    for t in range(trials):
-        names = list(graphs)
-        names = names[t % len(names) :] + names[: t % len(names)]
-        for k in names:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(reps):
-                graphs[k].replay()
-            b.record()
-            b.synchronize()
-            out[k].append(a.elapsed_time(b) * 1e3 / reps)
-    return {k: statistics.median(v) for k, v in out.items()}
 
 
 def isolated(table, rows):
@@ -91,7 +75,7 @@ def isolated(table, rows):
                         (torch.add(src, 0, out=scratch), c(colds[i], ws[i % len(ws)], outs[i])) for i in range(PER)
                     ]
                 )
-            us = time_graphs(graphs)
+            us = time_graphs(graphs, reps=1)
             for label in calls:
                 h, c = (us[(mode, label)] / PER - us[("op", "")] / PER for mode in ("hot", "cold"))
                 rows.append({"n": n, "k": k, "m": m, "what": label, "hot_us": h, "cold_us": c})

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
+from gpu_timing import copies, kernel_events
 
 import skinny_gemm
 from skinny_gemm.aot import measure as ms
@@ -27,24 +28,11 @@ from skinny_gemm.aot import measure as ms
 PER = 20
 
 
-def ordered(graph, replays=3) -> list:
-    graph.replay()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    evs = [ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
-    evs = sorted((ev.time_range.start, ev.time_range.end, ev.name) for ev in evs if ev.name.startswith("skinny_"))
-    return [b - a for a, b, _ in evs]
-
-
 def main():
     dest = Path(sys.argv[1])
     gen = torch.Generator(device="cuda").manual_seed(19)
     n, k, m = 4096, 14336, 16
-    base = [(torch.randn(n, k, device="cuda", generator=gen) * 0.05).bfloat16() for _ in range(2)]
-    ws = base + [base[i % 2].clone() for i in range(2, (16 << 30) // (n * k * 2))]
+    ws = copies(n, k, 16 << 30, gen)
     big = torch.zeros(246 << 20 >> 1, device="cuda", dtype=torch.bfloat16).view(-1, 4096)
     acc = torch.empty(4096, device="cuda", dtype=torch.bfloat16)
     src = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
@@ -75,7 +63,8 @@ def main():
         ("idle", False, False, True),
         ("read_idle", True, False, True),
     ):
-        us = ordered(ms.capture([lambda r=read, t=twice, i=idle: body(r, t, i)]))
+        events = kernel_events(ms.capture([lambda r=read, t=twice, i=idle: body(r, t, i)]))
+        us = [end - start for start, end, name in events if name.startswith("skinny_")]
         if twice:
             row = {"first": statistics.median(us[0::2]), "second": statistics.median(us[1::2])}
         else:

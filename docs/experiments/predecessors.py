@@ -15,38 +15,19 @@ Then the same with our kernel's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEO
 """
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from cuda.bindings import driver as cu
+from gpu_timing import copies, kernels
 
 import skinny_gemm
 from skinny_gemm.aot import measure as ms
 from skinny_gemm.runtime import loader
 
 PER = 20
-
-
-def kernels(graph, replays=3) -> dict:
-    graph.replay()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    by = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            by.setdefault(ev.name[:60], []).append(ev.device_time if hasattr(ev, "device_time") else ev.cuda_time)
-    return {k: [round(statistics.median(v), 2), len(v) // replays] for k, v in sorted(by.items())}
-
-
-def copies(n, k, total, gen):
-    base = [(torch.randn(n, k, device="cuda", generator=gen) * 0.05).bfloat16() for _ in range(2)]
-    return base + [base[i % 2].clone() for i in range(2, max(2, total // (n * k * 2)))]
 
 
 def main():

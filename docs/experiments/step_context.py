@@ -13,33 +13,18 @@ or the kernels before them?
 """
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from gpu_timing import copies, kernels, time_graphs
 
 import skinny_gemm
 from skinny_gemm.aot import measure as ms
 from skinny_gemm.aot import served
 
 PER = 20
-
-
-def kernels(graph, replays=3) -> dict:
-    """Median CUPTI duration (us) and launches per replay of each kernel name in a graph's replays."""
-    graph.replay()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-    by = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            by.setdefault(ev.name[:70], []).append(ev.device_time if hasattr(ev, "device_time") else ev.cuda_time)
-    return {k: [round(statistics.median(v), 2), len(v) // replays] for k, v in sorted(by.items())}
 
 
 def step(model_slug: str, m: int) -> dict:
@@ -75,30 +60,10 @@ def step(model_slug: str, m: int) -> dict:
         for g, fn in gemms.items()
         for pool in (False, True)
     }
-    wall = time_graphs(graphs)
+    wall = {k: round(v, 1) for k, v in time_graphs(graphs).items()}
     res = {"model": model_slug, "m": m, "wall_us": wall, "kernels": {k: kernels(g) for k, g in graphs.items()}}
     print(json.dumps({"model": model_slug, "m": m, "wall_us": wall}), flush=True)
     return res
-
-
-def time_graphs(graphs: dict, trials=7, reps=3) -> dict:
-    out = {k: [] for k in graphs}
-    for t in range(trials):
-        names = list(graphs)
-        for k in names[t % len(names) :] + names[: t % len(names)]:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(reps):
-                graphs[k].replay()
-            b.record()
-            b.synchronize()
-            out[k].append(a.elapsed_time(b) * 1e3 / reps)
-    return {k: round(statistics.median(v), 1) for k, v in out.items()}
-
-
-def copies(n, k, total, gen):
-    base = [(torch.randn(n, k, device="cuda", generator=gen) * 0.05).bfloat16() for _ in range(2)]
-    return base + [base[i % 2].clone() for i in range(2, max(2, total // (n * k * 2)))]
 
 
 def down_cell(m: int) -> dict:
