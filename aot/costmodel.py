@@ -197,7 +197,8 @@ def write(model: dict, out: Path = MODEL_FILE) -> Path:
 
 
 def load(path: Path = MODEL_FILE) -> dict:
-    """The committed model; a file whose features differ from this code's is refused with one line."""
+    """The committed model; a file whose features differ from this code's, or without its fitted families, is
+    refused with one line."""
     model = json.loads(Path(path).read_text())
     if set(model.get("coef", {})) != set(FEATURES):
         raise ValueError(f"{path}: its features differ from aot/costmodel.py's; refit with `tune model-fit`")
@@ -223,7 +224,7 @@ def select(
     """The ``top`` best predicted configs plus the ``per_family`` best of each family, fastest predicted first;
     every config of a family the model was fitted without (no timings: its features' terms are zero) is kept."""
     ranked = sorted(configs, key=lambda c: (predict_us(model, c, n, k), c.name))
-    seen = model["fit"].get("families", {})
+    seen = model["fit"]["families"]
     keep = ranked[:top] + [c for c in ranked[top:] if family(c) not in seen]
     for fam in sorted({family(c) for c in ranked}):
         keep += [c for c in ranked if family(c) == fam and c not in keep][

@@ -252,7 +252,8 @@ def _step_data(step: dict, m: int, device, read_cap: int | None = None):
 
 
 def _time_steps(lib, bufs: dict, m: int, picks: dict, tps: list, trials: int) -> dict:
-    """Whole-step time per TP for each named choice set ({label: {(n, k, m): variant}}), timed interleaved."""
+    """Whole-step time per TP for each named choice set ({label: {(n, k, m): variant, None or CUBLAS}}; those two
+    run cuBLAS), timed interleaved."""
     from . import measure as ms
 
     def gemm(pick):
@@ -281,7 +282,8 @@ def _family_check(lib, bufs: dict, m: int, group: list, cells: dict, choice: dic
     The passes change one cell at a time, so a cost that only goes away when every
     cell of a family leaves it survives them: on the H200 any bulk cell slowed the whole
     TP8 M=4 step by ~50 us, and two bulk cells kept each other in the plan.
-    Each cell's replacement is its fastest other-family candidate of its last pass.
+    Each cell's replacement is its fastest other-family candidate of its last pass (cuBLAS among them); cells on
+    cuBLAS form no family.
     """
 
     def fam(key, name):

@@ -135,13 +135,15 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
         "dtype": "bfloat16",
         "source": f"skinny-gemm tune on {', '.join(f'{g}, {day}' for g, day in runs)}; "
         f"cells under {min_speedup}x stay on cuBLAS"
-        + (f"; {in_step} cells stay on cuBLAS as their served decode step chose" if in_step else ""),
+        + (f"; cells whose served decode step chose cuBLAS stay on it: {in_step}" if in_step else ""),
     }
     path = plans.plan_target(arch, out)
     if not entries:
         # Written, it would replace a table with one that plans nothing: every shape would fall back.
+        why = f" ({in_step} of them beat it alone but chose it in the decode step)" if in_step else ""
         raise ValueError(
-            f"no cell of {len(merged)} beats cuBLAS by {min_speedup}x: refusing to write an empty plan table to {path}"
+            f"no cell of {len(merged)} beats cuBLAS by {min_speedup}x{why}: "
+            f"refusing to write an empty plan table to {path}"
         )
     plans.write_table(path, header, entries)
     return path, len(entries), skipped

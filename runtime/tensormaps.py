@@ -56,7 +56,7 @@ class _Arena:
 
     def __init__(self):
         self.maps: dict[tuple[int, int, int, int], int] = {}  # (ptr, n, k, rows) -> slot address
-        self.refused: dict[tuple[int, int, int, int], str] = {}  # key -> the driver's refusal
+        self.refused: dict[tuple[int, int, int, int], str] = {}  # key -> the driver's (or its binding's) refusal
         self.chunks: list[int] = []  # chunk base addresses, never freed
         self.used = 0  # slots taken (written or attempted): a slot is never handed out twice
         self.lock = threading.Lock()
@@ -134,14 +134,17 @@ def _write(arena: _Arena, idx: int, key: tuple[int, int, int, int], stream: int)
 
 
 def _captures(stream: int) -> bool:
-    """Whether raw stream ``stream`` is capturing a graph (or the driver cannot say: then it is taken as capturing,
-    and the weight is deferred, not refused)."""
+    """Whether raw stream ``stream`` is capturing a graph. A capture error in answer (the legacy stream while another
+    stream captures: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, ...) counts as capturing, so the weight is deferred; any
+    other error (a bad handle) raises, so the key is refused once."""
     d = drv.driver
-    try:
-        status = call(d.cuStreamIsCapturing, stream)
-    except DriverError:
-        return True
-    return status != d.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+    res = d.cuStreamIsCapturing(stream)
+    if int(res[0]) != 0:
+        name = str(getattr(res[0], "name", res[0]))
+        if name.startswith("CUDA_ERROR_STREAM_CAPTURE"):
+            return True
+        raise DriverError(f"cuStreamIsCapturing: {name}")
+    return res[1] != d.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 def _encode(ptr: int, n: int, k: int, rows: int):

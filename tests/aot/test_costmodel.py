@@ -75,12 +75,18 @@ def test_a_model_with_other_features_is_refused(tmp_path):
 
 def test_a_model_without_its_fitted_families_is_refused(tmp_path):
     """Without fit.families every family would count as unseen and `tune prepare --top` would cut nothing."""
-    model = costmodel.load()
-    del model["fit"]["families"]
     path = tmp_path / "m.json"
-    path.write_text(json.dumps(model))
-    with pytest.raises(ValueError, match="'fit.families'"):
-        costmodel.load(path)
+    for broken in ("no families", "empty families", "no fit"):
+        model = costmodel.load()
+        if broken == "no fit":
+            del model["fit"]
+        elif broken == "no families":
+            del model["fit"]["families"]
+        else:
+            model["fit"]["families"] = {}
+        path.write_text(json.dumps(model))
+        with pytest.raises(ValueError, match="'fit.families'"):
+            costmodel.load(path)
 
 
 def test_model_check_command_prints_the_held_out_report(tmp_path, capsys, monkeypatch, held_out):

@@ -170,10 +170,25 @@ def test_a_cell_whose_kernels_lose_in_the_step_stays_on_cublas(timed, tmp_path):
     _, planned, skipped = write_plan(src, out=tmp_path / "plan.json")
     header, entries = plans.load(tmp_path / "plan.json")
     assert (planned, skipped) == (1, 1) and [(e.n, e.k, e.m, e.config) for e in entries] == [(64, 64, 1, x_cfg)]
-    assert "1 cells stay on cuBLAS as their served decode step chose" in header["source"]
+    assert "cells whose served decode step chose cuBLAS stay on it: 1" in header["source"]
     # the control: where cuBLAS is slower in the step, both cells keep a kernel
     for row in rows:
         row.pop("decode")
     cost["cublas"] = 80.0
     run()
     assert [r["decode"]["chosen"] for r in rows] == ["a1", "x1"]
+
+
+def test_cells_on_cublas_form_no_family(timed):
+    """Two cells choosing cuBLAS are not a kernel family for the family check: nothing swaps them back to kernels,
+    and they get no family_check record."""
+    cost, _, lib = timed
+    cost.update({"a1": 60.0, "b1": 70.0, "x1": 60.0, "y1": 70.0, "cublas": 50.0})
+    rows = _rows(1)
+    for row in rows:
+        row["candidates"] = {
+            nm: {**c, "config": {"kind": "mma", "split": 1, "persist": 0}} for nm, c in row["candidates"].items()
+        }
+    _run(lib, rows, confirm_trials=0)
+    assert [r["decode"]["chosen"] for r in rows] == ["cublas", "cublas"]
+    assert not any("family_check" in r["decode"] for r in rows)

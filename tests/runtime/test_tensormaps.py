@@ -130,24 +130,34 @@ def test_nothing_is_written_inside_a_capture(fake, where):
     written_once(fake)
 
 
-@pytest.mark.parametrize("query", ["captures", "cannot say"])
+@pytest.mark.parametrize("query", ["captures", "capture error"])
 def test_nothing_is_written_while_the_given_stream_captures(fake, query):
     """A caller's stream (bench code passes its own) may capture while torch's current stream does not: the map
-    waits (None, not refused); a stream the driver cannot answer for is taken as capturing."""
+    waits (None, not refused); a capture error in answer (the legacy stream beside a capture) counts as capturing."""
     if query == "captures":
         fake.capturing_streams = {STREAM}
     else:
-        fake.fail["cuStreamIsCapturing"] = R.CUDA_ERROR_INVALID_HANDLE
+        fake.fail["cuStreamIsCapturing"] = R.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
     assert tensormaps.weight_map(0, 0x20000, 4096, 2048, 64, STREAM) is None
     assert "cuStreamIsCapturing" in fake.calls
     assert fake.encodes == [] and fake.allocs == [] and fake.copies == [] and fake.syncs == []
-    assert tensormaps.lookup(0, 0x20000, 4096, 2048, 64) is None
+    assert tensormaps.lookup(0, 0x20000, 4096, 2048, 64) is None and tensormaps.count(0) == 0
     assert fake.ctx_stack == [] and fake.capture_mode == [0]
-    # the control: another stream, or the same once its capture ended, writes the map
-    assert tensormaps.weight_map(0, 0x30000, 4096, 2048, 64, STREAM + 1) is not None or query == "cannot say"
+    # the control: once the capture ended, the same call writes the map
     fake.capturing_streams, fake.fail = set(), {}
-    assert tensormaps.weight_map(0, 0x20000, 4096, 2048, 64, STREAM) is not None
+    assert tensormaps.weight_map(0, 0x20000, 4096, 2048, 64, STREAM) is not None and tensormaps.count(0) == 1
     written_once(fake)
+
+
+def test_a_stream_the_driver_cannot_answer_for_is_refused_once(fake):
+    """A bad stream handle is no capture: the key is refused (raised once, then from the cache), nothing written."""
+    fake.fail["cuStreamIsCapturing"] = R.CUDA_ERROR_INVALID_HANDLE
+    with pytest.raises(DriverError, match="cuStreamIsCapturing: CUDA_ERROR_INVALID_HANDLE"):
+        tensormaps.weight_map(0, 0x20000, 4096, 2048, 64, STREAM)
+    calls = len(fake.calls)
+    with pytest.raises(DriverError, match="CUDA_ERROR_INVALID_HANDLE"):
+        tensormaps.weight_map(0, 0x20000, 4096, 2048, 64, STREAM)
+    assert len(fake.calls) == calls and fake.encodes == [] and fake.allocs == []
 
 
 def test_an_exception_from_the_binding_is_refused_once(fake):
