@@ -172,11 +172,10 @@ def _map_refused(idx: int, rec: driver.Launch, exc: Exception) -> None:
     """Warn once per variant and device (once per device at the cap) that a weight got no tensor map."""
     full = isinstance(exc, tensormaps.MapsFull)
     once = (idx, "tensor maps full") if full else (idx, rec.variant.id, "tensor map")
-    why = str(exc) if isinstance(exc, (tensormaps.MapsFull, driver.DriverError)) else f"{type(exc).__name__}: {exc}"
     if once not in _failed:
         _failed.add(once)
         warnings.warn(
-            f"skinny_gemm: no tensor map for a weight of {rec.variant.file} on GPU {idx} ({why}); "
+            f"skinny_gemm: no tensor map for a weight of {rec.variant.file} on GPU {idx} ({tensormaps.refusal(exc)}); "
             f"{'new weights' if full else 'such weights'} fall back to F.linear",
             devices.ArtifactWarning,
             stacklevel=5,

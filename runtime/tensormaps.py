@@ -107,11 +107,16 @@ def weight_map(idx: int, ptr: int, n: int, k: int, rows: int, stream: int) -> in
         try:
             slot = _write(arena, idx, key, stream)
         except Exception as exc:  # a binding's TypeError too: refused like the driver's own errors, never retried
-            arena.refused[key] = str(exc) if isinstance(exc, DriverError) else f"{type(exc).__name__}: {exc}"
+            arena.refused[key] = refusal(exc)
             raise
         if slot is not None:
             arena.maps[key] = slot  # published once the bytes are in device memory
         return slot
+
+
+def refusal(exc: Exception) -> str:
+    """One line for why a weight got no map: the cap's or the driver's own text, else the exception's type too."""
+    return str(exc) if isinstance(exc, (MapsFull, DriverError)) else f"{type(exc).__name__}: {exc}"
 
 
 def _write(arena: _Arena, idx: int, key: tuple[int, int, int, int], stream: int) -> int | None:
@@ -138,13 +143,13 @@ def _captures(stream: int) -> bool:
     stream captures: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, ...) counts as capturing, so the weight is deferred; any
     other error (a bad handle) raises, so the key is refused once."""
     d = drv.driver
-    res = d.cuStreamIsCapturing(stream)
-    if int(res[0]) != 0:
-        name = str(getattr(res[0], "name", res[0]))
-        if name.startswith("CUDA_ERROR_STREAM_CAPTURE"):
+    try:
+        status = call(d.cuStreamIsCapturing, stream)
+    except DriverError as exc:
+        if "CUDA_ERROR_STREAM_CAPTURE" in str(exc):
             return True
-        raise DriverError(f"cuStreamIsCapturing: {name}")
-    return res[1] != d.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+        raise
+    return status != d.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 def _encode(ptr: int, n: int, k: int, rows: int):
