@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import torch
-from gpu_timing import time_graphs
 
 import skinny_gemm
 from skinny_gemm.aot import measure as ms
@@ -32,15 +31,6 @@ from skinny_gemm.runtime import loader
 
 CELLS = [(4096, 4096), (6144, 4096), (4096, 14336), (28672, 4096)]
 PER = 20
-
-
-def graph(fn):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
 
 
 def isolated(table, rows):
@@ -60,22 +50,28 @@ def isolated(table, rows):
             rec = table.table.get((n, k, m))
             if rec is not None:
                 calls[rec.variant.id] = lambda x, w, o, v=rec.variant.id: table.launch(v, x, w, o, None, n, k)
-            graphs = {("op", ""): graph(lambda: [torch.add(src, 0, out=scratch) for _ in range(PER)])}
+            graphs = {("op", ""): ms.capture([lambda: [torch.add(src, 0, out=scratch) for _ in range(PER)]])}
             for label, call in calls.items():
                 outs[0].fill_(float("nan"))
                 call(hot, ws[0], outs[0])
                 torch.cuda.synchronize()
                 bad = int((((outs[0].double() - ref).abs() > bound) | outs[0].isnan()).sum())
                 rows.append({"n": n, "k": k, "m": m, "what": label, "bad": bad})
-                graphs[("hot", label)] = graph(
-                    lambda c=call: [(torch.add(src, 0, out=hot), c(hot, ws[i % len(ws)], outs[i])) for i in range(PER)]
-                )
-                graphs[("cold", label)] = graph(
-                    lambda c=call: [
-                        (torch.add(src, 0, out=scratch), c(colds[i], ws[i % len(ws)], outs[i])) for i in range(PER)
+                graphs[("hot", label)] = ms.capture(
+                    [
+                        lambda c=call: [
+                            (torch.add(src, 0, out=hot), c(hot, ws[i % len(ws)], outs[i])) for i in range(PER)
+                        ]
                     ]
                 )
-            us = time_graphs(graphs, reps=1)
+                graphs[("cold", label)] = ms.capture(
+                    [
+                        lambda c=call: [
+                            (torch.add(src, 0, out=scratch), c(colds[i], ws[i % len(ws)], outs[i])) for i in range(PER)
+                        ]
+                    ]
+                )
+            us = ms.time_graphs(graphs, dict.fromkeys(graphs, 1), reps=1)
             for label in calls:
                 h, c = (us[(mode, label)] / PER - us[("op", "")] / PER for mode in ("hot", "cold"))
                 rows.append({"n": n, "k": k, "m": m, "what": label, "hot_us": h, "cold_us": c})
@@ -112,7 +108,7 @@ def step(model_slug: str, m: int) -> dict:
         for g, fn in gemms.items()
         for hot in (False, True)
     }
-    us = time_graphs(graphs, trials=7, reps=3)
+    us = ms.time_graphs(graphs, dict.fromkeys(graphs, 1), trials=7, reps=3)
     res = {
         "model": model_slug,
         "m": m,

@@ -1,5 +1,5 @@
 """Shared by this folder's H200 experiments (run as scripts from the repository root, so a sibling import):
-per-kernel CUPTI durations of a CUDA graph's replays, interleaved wall times of several graphs, weight copies."""
+per-kernel CUPTI durations of a CUDA graph's replays, weight copies (wall times: aot/measure.time_graphs)."""
 
 import statistics
 
@@ -24,22 +24,6 @@ def kernels(graph, replays: int = 3, width: int = 70) -> dict:
     for start, end, name in kernel_events(graph, replays):
         by.setdefault(name[:width], []).append(end - start)
     return {k: [round(statistics.median(v), 2), len(v) // replays] for k, v in sorted(by.items())}
-
-
-def time_graphs(graphs: dict, trials: int = 7, reps: int = 3) -> dict:
-    """Median wall us per replay of each graph: ``trials`` rounds in a rotating order, ``reps`` replays each."""
-    out: dict = {k: [] for k in graphs}
-    names = list(graphs)
-    for t in range(trials):
-        for k in names[t % len(names) :] + names[: t % len(names)]:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(reps):
-                graphs[k].replay()
-            b.record()
-            b.synchronize()
-            out[k].append(a.elapsed_time(b) * 1e3 / reps)
-    return {k: statistics.median(v) for k, v in out.items()}
 
 
 def copies(n: int, k: int, total: int, gen) -> list:
