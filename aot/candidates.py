@@ -104,9 +104,10 @@ def expand(space: dict, n: int, k: int, m: int, extra: dict | None = None) -> li
 def resident_ctas(cfg: KernelConfig) -> int:
     """CTAs of ``cfg`` one sm_90 SM holds at once: 2048 threads, 64K registers (an estimate: the
     config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps), and for
-    "wgmma" the SM's shared memory."""
+    "wgmma" and "mma" rings the SM's shared memory."""
     regs = -(-(cfg.register_rule[0] + 24) // 8) * 8
-    by_smem = SM_SMEM // (cfg.wgmma_smem + DSL_SMEM_RESERVE) if cfg.kind == "wgmma" else 2048
+    ring = cfg.wgmma_smem if cfg.kind == "wgmma" else cfg.ring_smem + cfg.mma_smem if cfg.ring else 0
+    by_smem = SM_SMEM // (ring + DSL_SMEM_RESERVE) if ring else 2048
     return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs), by_smem)
 
 

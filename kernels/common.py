@@ -15,8 +15,8 @@ class Launcher:
     ``(a, w, out, residual, n, k)``. The block, the clusters and the grid come
     from ``cfg.launch`` like every other launch of the variant, with the
     grid uncapped (``persist=False``): here a walk does one row group per CTA.
-    The shape's dynamic shared memory is passed where it is not 0 (kind "wgmma"'s
-    ring); its PDL flag is a driver attribute the AOT launch sets.
+    The shape's dynamic shared memory is passed where it is not 0 (the rings of
+    kind "wgmma" and of "mma" with ``ring``); its PDL flag is a driver attribute the AOT launch sets.
     """
 
     def __init__(self, cfg):

@@ -60,7 +60,10 @@ MMA_A_ROWS = 16
 # wholly inside K or wholly past it, so a load is either taken or replaced by zeros).
 TAIL_K_GRAIN = 8
 # Fields newer than the committed plan tables, and their defaults: to_json leaves them out when off.
-QUIET_FIELDS = {"bias": False, "tail": False}
+QUIET_FIELDS = {"bias": False, "tail": False, "ring": False}
+# "mma" with ``ring``: a 16-byte cp.async slot per lane, per stage, unrolled step and operand (each weight
+# tile, each token load); a warp's slots of one operand are 32 x 16 = 512 contiguous bytes.
+RING_SLOT = 16
 
 
 class ConfigError(ValueError):
@@ -76,7 +79,8 @@ class LaunchShape:
     block: tuple[int, int, int]
     # CTAs per cluster along x; 1 = no cluster attribute
     cluster: int
-    # dynamic shared-memory bytes: every kernel holds only static shared memory (STATIC_SMEM_LIMIT)
+    # dynamic shared-memory bytes: the "wgmma" ring, the "mma" ring (``ring``); 0 for the rest, whose
+    # buffers are static shared memory (STATIC_SMEM_LIMIT)
     smem: int
     # launched with programmatic stream serialization (the kernel's griddepcontrol wait then overlaps)
     pdl: bool
@@ -137,6 +141,11 @@ class KernelConfig:
     # others are zeros, never products of masked values) and the last CTA's columns past N are neither
     # read (their loads read row N-1) nor written
     tail: bool = False
+    # mma: the pipeline's ``stages`` live in shared memory, not registers: each lane copies its 16-byte
+    # weight and token words by cp.async into its own slots and reads them back right before its MMAs,
+    # so the bytes in flight cost no registers (on the H200 the register pipeline's 2-8 stages lost
+    # 2-22 us per down_proj call inside the served step, the deep TMA rings of cuBLAS and "wgmma" none)
+    ring: bool = False
 
     @property
     def groups(self) -> int:
@@ -174,7 +183,7 @@ class KernelConfig:
             grid = self.grid(n)
         else:
             grid = self.row_groups(n) * self.split
-        smem = self.wgmma_smem if self.kind == "wgmma" else 0
+        smem = self.wgmma_smem if self.kind == "wgmma" else self.ring_smem
         return LaunchShape(grid=grid, block=(self.threads, 1, 1), cluster=self.split, smem=smem, pdl=self.pdl)
 
     @property
@@ -197,6 +206,12 @@ class KernelConfig:
         if self.kind == "bulk":
             # accumulators + one step's weight fragments per tile + its token words, per unrolled step
             return self.cols // 2 + self.unroll * (self.cols // 2 + 4), "cols/2 + unroll*(cols/2 + 4)"
+        if self.kind == "mma" and self.ring:
+            # accumulators + one step's operands, read back from the ring right before its MMAs
+            return (
+                4 * self.mma_tiles + self.unroll * (4 * self.mma_tiles + 4 * self.token_loads),
+                "4*tiles + unroll*(4*tiles + 4*token_loads) (ring)",
+            )
         if self.kind == "mma":
             # accumulators (4 per tile) + per buffered step: 4 weight words per tile + 4 words per token load
             # (unsliced: tiles = cols / 8 and one token load, i.e. cols/2 + stages*unroll*(cols/2 + 4))
@@ -234,6 +249,14 @@ class KernelConfig:
         per_warp = self.groups * (self.cols // MMA_ROWS * 2 * self.token_loads) * 32 * 4
         warps = self.k_threads // 32
         return (per_warp * warps if warps > 1 else 0) + per_warp * (self.split - 1)
+
+    @property
+    def ring_smem(self) -> int:
+        """Dynamic shared-memory bytes of an "mma" CTA with ``ring`` (0 without): per warp, stage and unrolled step
+        one 16-byte slot per lane for each weight tile and each token load."""
+        if not self.ring:
+            return 0
+        return self.threads // 32 * self.stages * self.unroll * (self.mma_tiles + self.token_loads) * 32 * RING_SLOT
 
     @property
     def nt(self) -> int:
@@ -275,7 +298,7 @@ class KernelConfig:
             f"{f'_s{self.stages}' if self.stages != 1 else ''}{'_e' if self.early else ''}"
             f"{f'_f{self.fetch}' if self.fetch != 256 else ''}{f'_x{self.split}' if self.split != 1 else ''}"
             f"{f'_p{self.persist}' if self.persist else ''}{f'_sl{self.slices}' if self.slices != 1 else ''}"
-            f"{'_b' if self.bias else ''}{'_t' if self.tail else ''}"
+            f"{'_b' if self.bias else ''}{'_t' if self.tail else ''}{'_r' if self.ring else ''}"
         )
 
     @property
@@ -351,7 +374,7 @@ _FIELD_RULES = (
     ("kind", "kind", lambda v: v in KINDS, f"one of {KINDS}"),
     *(
         (f, "flags", lambda v: isinstance(v, bool), "true or false")
-        for f in ("pdl", "prefetch", "early", "bias", "tail")
+        for f in ("pdl", "prefetch", "early", "bias", "tail", "ring")
     ),
     ("fetch", "fetch", lambda v: _is_int(v) and v in FETCH_SIZES, f"one of {FETCH_SIZES} bytes"),
     ("split", "split", lambda v: _is_int(v) and v in SPLITS, f"one of {SPLITS} CTAs per cluster"),
@@ -403,6 +426,11 @@ def _option_rules(c: KernelConfig) -> None:
             f"(kind={c.kind!r}, split={c.split}, persist={c.persist}, static_k={c.static_k}): the tail trip "
             "and the column mask are written for one CTA per row group and a K known only at run time"
         )
+    if c.ring and (c.kind != "mma" or c.stages < 2):
+        raise ConfigError(
+            f"rule 'ring': ring needs kind 'mma' and at least 2 stages (kind={c.kind!r}, stages={c.stages}): "
+            "it moves the mma pipeline's stages into shared memory"
+        )
     if c.bias and c.kind not in ("simt", "mma", "wgmma"):
         raise ConfigError(f"rule 'bias': bias is an epilogue of kinds 'simt', 'mma' and 'wgmma' (kind={c.kind!r})")
     if c.threads % 32 or c.threads > 1024:
@@ -439,6 +467,11 @@ def _mma_rules(c: KernelConfig) -> None:
         raise ConfigError(
             f"rule 'shared memory': {c.mma_smem} bytes of reduction buffers + {DSL_SMEM_RESERVE} the DSL "
             f"adds exceed {STATIC_SMEM_LIMIT}"
+        )
+    if c.ring and c.ring_smem + c.mma_smem + DSL_SMEM_RESERVE > DYNAMIC_SMEM_LIMIT:
+        raise ConfigError(
+            f"rule 'shared memory': {c.ring_smem} bytes of ring + {c.mma_smem} of reduction buffers + "
+            f"{DSL_SMEM_RESERVE} the DSL adds exceed {DYNAMIC_SMEM_LIMIT}"
         )
 
 

@@ -49,6 +49,23 @@ Tail (``tail``): the warps split only K's whole K steps; the rest goes in
 or replaced by zero words (a bitwise select after a load of the row's K = 0).
 Rows past N load row N - 1 and are never stored.
 
+Ring (``ring``): the stages live in shared memory instead of registers. Each
+lane copies the same 16-byte words by ``cp.async`` (weight: L2 only, with the
+config's fetch hint; tokens: through L1, which the other warps' copies hit)
+into its own slots, one commit group per stage, and reads a stage back with
+``ld.shared`` after ``cp.async.wait_group`` right before its MMAs. A lane reads
+only what it copied itself, so no barrier is needed: the wait makes its own
+copies visible to it, and a slot is refilled only after the MMAs that read it
+were issued (they wait on the read's registers). Slots (per warp: stage, step,
+operand, lane) are 32 x 16 contiguous bytes per operand, so every copy and read
+is 4 conflict-free wavefronts. Why: at M = 16 a lane's register stage holds 32
+bytes of tokens per 16 of weight, so the register budget caps the weight in
+flight at 2-8 stages; inside the served step those shallow pipelines lost 2-22
+us per down_proj call on the H200, and deep rings (cuBLAS's and "wgmma"'s) none.
+The tokens' copies cost shared-memory bandwidth (a write and a read of 32
+bytes per 16 of weight at 8 weight rows per warp), so the ring wins with 16-32
+rows per warp; tokens kept in registers, 1-3 stages ahead, lost (docs/perf.md).
+
 Same kernel-parameter ABI as kernels/skinny_gemm.py (``bias``: the 4th pointer
 is a bias vector of N bf16).
 """
@@ -59,7 +76,7 @@ import cutlass
 import cutlass.cute as cute
 
 from .common import Launcher, compile_kernel, prefetch_weight, store_output, wait_previous_grid
-from .config import MMA_K_STEP, MMA_ROWS, TAIL_K_GRAIN, KernelConfig
+from .config import MMA_K_STEP, MMA_ROWS, RING_SLOT, TAIL_K_GRAIN, KernelConfig
 
 WARP = 32
 # Placeholders are written {$r0}; the outer braces are PTX's vector operands.
@@ -77,6 +94,19 @@ def ldg_stream_ptx(fetch: int) -> str:
     """The weight load for a config's ``fetch`` (bytes of L2 fetch per request, 0 = no hint)."""
     hint = f".L2::{fetch}B" if fetch else ""
     return f"ld.global.nc.L1::no_allocate{hint}.v4.u32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}];"
+
+
+# ``ring``: the same words copied into shared memory. The weight bypasses L1 (.cg) as the register path's
+# no_allocate does; the tokens go through it (.ca), as the register path's plain loads do.
+def cp_weight_ptx(fetch: int) -> str:
+    """The weight's 16-byte cp.async for a config's ``fetch`` (0 = no hint)."""
+    hint = f".L2::{fetch}B" if fetch else ""
+    return f"cp.async.cg.shared.global{hint} [{{$r0}}], [{{$r1}}], 16;"
+
+
+CP_TOKEN_PTX = "cp.async.ca.shared.global [{$r0}], [{$r1}], 16;"
+CP_COMMIT_PTX = "cp.async.commit_group;"
+LDS_V4_PTX = "ld.shared.v4.u32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];"
 
 
 class SkinnyMma(Launcher):
@@ -178,10 +208,17 @@ class SkinnyMma(Launcher):
             ]
             w_lane = [p + koff for p in w_rows]
 
-        # (stage buffer, step, tile, word) i32: 8 k of weight row g (g // S with slices) per step and tile
-        wbuf = cute.make_rmem_tensor((D, cfg.unroll, TILES, 4), cutlass.Int32)
-        # (stage buffer, step, word) i32: 8 k of token g, then (second load) of A row g + 8's token
-        xbuf = cute.make_rmem_tensor((D, cfg.unroll, 4 * cfg.token_loads), cutlass.Int32)
+        if cutlass.const_expr(cfg.ring):
+            # (warp, stage buffer, step, operand, lane) 16-byte slots; operands: the tiles' weight words, then
+            # the token loads'. This lane's slot 0; ring_slot adds (buffer, step, operand).
+            ring = cute.arch.get_dyn_smem(cutlass.Int8, alignment=128)
+            wbuf = ring + cute.assume(warp * cfg.ring_smem // (cfg.threads // WARP) + lane * RING_SLOT, divby=16)
+            xbuf = wbuf  # unused: both operands live in the ring
+        else:
+            # (stage buffer, step, tile, word) i32: 8 k of weight row g (g // S with slices) per step and tile
+            wbuf = cute.make_rmem_tensor((D, cfg.unroll, TILES, 4), cutlass.Int32)
+            # (stage buffer, step, word) i32: 8 k of token g, then (second load) of A row g + 8's token
+            xbuf = cute.make_rmem_tensor((D, cfg.unroll, 4 * cfg.token_loads), cutlass.Int32)
         acc = cute.make_rmem_tensor((TILES, 4), cutlass.Float32)  # (tile, c0..c3) MMA accumulators
         acc.fill(0.0)
 
@@ -192,6 +229,8 @@ class SkinnyMma(Launcher):
         wait_previous_grid(cfg)
         for j in cutlass.range_constexpr(D - 1):
             self.load_token(tokens, xbuf, j, j)
+            # ring: group j is stage j's tokens (group 0 also every weight copy issued before the wait)
+            commit(cfg)
 
         # Trip t multiplies stages t*D .. t*D+D-1 (buffer j holds stage t*D+j);
         # before multiplying buffer j it refills the buffer freed one step
@@ -207,8 +246,10 @@ class SkinnyMma(Launcher):
         last = kk // cfg.k_step * D - 1
         self.load_weight(w_lane, wbuf, D - 1, last, r_half)
         self.load_token(tokens, xbuf, D - 1, last)
+        commit(cfg)
         for j in cutlass.range_constexpr(D):
-            self.mma_stage(wbuf, xbuf, acc, j, tokens)
+            # ring: buffer j's group is complete once at most the D - 1 - j groups after it are pending
+            self.mma_stage(wbuf, xbuf, acc, j, tokens, D - 1 - j)
         if cutlass.const_expr(cfg.tail):
             self.tail_steps(w_rows, tokens, acc, kk, krange, koff, wk, g, q)
 
@@ -224,7 +265,8 @@ class SkinnyMma(Launcher):
         for j in cutlass.range_constexpr(D):
             self.load_weight(w_lane, wbuf, (j + D - 1) % D, t * D + j + D - 1, r_half)
             self.load_token(tokens, xbuf, (j + D - 1) % D, t * D + j + D - 1)
-            self.mma_stage(wbuf, xbuf, acc, j, tokens)
+            commit(self.cfg)
+            self.mma_stage(wbuf, xbuf, acc, j, tokens, D - 1)
 
     @cute.jit
     def load_weight(self, w_lane, wbuf, buf, stage, r_half):
@@ -241,11 +283,16 @@ class SkinnyMma(Launcher):
                     ptr = w_lane + cute.assume(
                         t * (MMA_ROWS // S) * r_half + (stage * cfg.unroll + u) * 16 * S, divby=4
                     )
-                v = cute.arch.inline_ptx(
-                    ldg_stream_ptx(cfg.fetch), write_only_types=[cutlass.Int32] * 4, read_only_args=[ptr.toint()]
-                )
-                for e in cutlass.range_constexpr(4):
-                    wbuf[buf, u, t, e] = v[e]
+                if cutlass.const_expr(cfg.ring):
+                    cute.arch.inline_ptx(
+                        cp_weight_ptx(cfg.fetch), read_only_args=[ring_slot(cfg, wbuf, buf, u, t).toint(), ptr.toint()]
+                    )
+                else:
+                    v = cute.arch.inline_ptx(
+                        ldg_stream_ptx(cfg.fetch), write_only_types=[cutlass.Int32] * 4, read_only_args=[ptr.toint()]
+                    )
+                    for e in cutlass.range_constexpr(4):
+                        wbuf[buf, u, t, e] = v[e]
 
     @cute.jit
     def load_token(self, tokens, xbuf, buf, stage):
@@ -254,13 +301,19 @@ class SkinnyMma(Launcher):
         a_lane, _, a_lane2, _ = tokens
         for u in cutlass.range_constexpr(cfg.unroll):
             off = cute.assume((stage * cfg.unroll + u) * 16 * cfg.slices, divby=4)
-            v = cute.make_tensor(a_lane + off, cute.make_layout(4)).load()
-            for e in cutlass.range_constexpr(4):
-                xbuf[buf, u, e] = v[e]
-            if cutlass.const_expr(cfg.token_loads > 1):
-                v2 = cute.make_tensor(a_lane2 + off, cute.make_layout(4)).load()
+            if cutlass.const_expr(cfg.ring):
+                for h in cutlass.range_constexpr(cfg.token_loads):
+                    src = (a_lane if h == 0 else a_lane2) + off
+                    dst = ring_slot(cfg, xbuf, buf, u, cfg.mma_tiles + h)
+                    cute.arch.inline_ptx(CP_TOKEN_PTX, read_only_args=[dst.toint(), src.toint()])
+            else:
+                v = cute.make_tensor(a_lane + off, cute.make_layout(4)).load()
                 for e in cutlass.range_constexpr(4):
-                    xbuf[buf, u, 4 + e] = v2[e]
+                    xbuf[buf, u, e] = v[e]
+                if cutlass.const_expr(cfg.token_loads > 1):
+                    v2 = cute.make_tensor(a_lane2 + off, cute.make_layout(4)).load()
+                    for e in cutlass.range_constexpr(4):
+                        xbuf[buf, u, 4 + e] = v2[e]
 
     @cute.jit
     def tail_steps(self, w_rows, tokens, acc, kk, krange, koff, wk, g, q):
@@ -300,18 +353,52 @@ class SkinnyMma(Launcher):
                 mma_pair(acc, t, x, [v[e] & inside for e in range(4)], zero, x2)
 
     @cute.jit
-    def mma_stage(self, wbuf, xbuf, acc, buf, tokens):
-        """Two MMAs per step and tile on buffer ``buf`` (the first waits for its loads)."""
+    def mma_stage(self, wbuf, xbuf, acc, buf, tokens, pending):
+        """Two MMAs per step and tile on buffer ``buf`` (the first waits for its loads; ring: once at most
+        ``pending`` later commit groups are in flight, then read back from shared memory)."""
         cfg = self.cfg
         _, keep, _, keep2 = tokens
         zero = mma_zero()
+        if cutlass.const_expr(cfg.ring):
+            cute.arch.inline_ptx(f"cp.async.wait_group {pending};")
         for u in cutlass.range_constexpr(cfg.unroll):
-            x = [xbuf[buf, u, e] & keep for e in range(4)]
+            if cutlass.const_expr(cfg.ring):
+                xv = lds(ring_slot(cfg, xbuf, buf, u, cfg.mma_tiles))
+                x = [xv[e] & keep for e in range(4)]
+            else:
+                x = [xbuf[buf, u, e] & keep for e in range(4)]
             x2 = None
             if cutlass.const_expr(cfg.token_loads > 1):
-                x2 = [xbuf[buf, u, 4 + e] & keep2 for e in range(4)]
+                if cutlass.const_expr(cfg.ring):
+                    xv2 = lds(ring_slot(cfg, xbuf, buf, u, cfg.mma_tiles + 1))
+                    x2 = [xv2[e] & keep2 for e in range(4)]
+                else:
+                    x2 = [xbuf[buf, u, 4 + e] & keep2 for e in range(4)]
             for t in cutlass.range_constexpr(cfg.mma_tiles):
-                mma_pair(acc, t, x, [wbuf[buf, u, t, e] for e in range(4)], zero, x2)
+                if cutlass.const_expr(cfg.ring):
+                    mma_pair(acc, t, x, lds(ring_slot(cfg, wbuf, buf, u, t)), zero, x2)
+                else:
+                    mma_pair(acc, t, x, [wbuf[buf, u, t, e] for e in range(4)], zero, x2)
+
+
+def ring_slot(cfg, lane_slot, buf, u, part):
+    """``ring``: this lane's 16-byte slot of operand ``part`` (a tile's weight words, then the token loads) at
+    step ``u`` of stage buffer ``buf``, from its slot 0 (all static: one immediate offset)."""
+    return lane_slot + ((buf * cfg.unroll + u) * (cfg.mma_tiles + cfg.token_loads) + part) * WARP * RING_SLOT
+
+
+@cute.jit
+def commit(cfg):
+    """``ring``: close the copies issued since the last commit into one group (nothing without a ring)."""
+    if cutlass.const_expr(cfg.ring):
+        cute.arch.inline_ptx(CP_COMMIT_PTX)
+
+
+@cute.jit
+def lds(ptr):
+    """Four words from shared memory (a lane's ring slot)."""
+    v = cute.arch.inline_ptx(LDS_V4_PTX, write_only_types=[cutlass.Int32] * 4, read_only_args=[ptr.toint()])
+    return [v[e] for e in range(4)]
 
 
 # Shared with kernels/skinny_bulk.py, which feeds the same MMAs from shared memory.

@@ -340,6 +340,9 @@ def _function(kernel: Kernel):
     shape = v.config.launch()
     if shape.block[0] * shape.block[1] * shape.block[2] > most:
         raise DriverError(f"block {shape.block} exceeds the kernel's {most} threads per block")
-    if shape.smem > DEFAULT_SMEM_LIMIT:
+    # Past 48 KB of static plus dynamic shared memory a launch needs the opt-in, else CUDA_ERROR_INVALID_VALUE
+    # (an "mma" ring of exactly 48 KB beside its static reduction buffers hit that on the H200).
+    static = call(d.cuFuncGetAttribute, attrs.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn) if shape.smem else 0
+    if shape.smem and shape.smem + static > DEFAULT_SMEM_LIMIT:
         call(d.cuFuncSetAttribute, fn, attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shape.smem)
     return fn

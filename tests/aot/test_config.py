@@ -165,6 +165,7 @@ def _variants(cfg):
         "slices": 2,
         "bias": True,
         "tail": True,
+        "ring": True,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes
@@ -240,6 +241,25 @@ def test_m_above_8_doubles_the_unsliced_reduction_buffers():
         # 16 tokens x 2 columns: 32 + 2 x 18 x 4 = 176 registers
         ({"m": 16, "threads": 256, "k_threads": 256, "cols": 2, "unroll": 2}, "register budget"),
         ({"m": 16, "threads": 256, "cols": 8, "slices": 2, **MMA}, "slices"),
+        ({"m": 1, "ring": 1}, "flags"),
+        ({"m": 1, "ring": True}, "ring"),  # simt
+        (
+            {
+                "m": 1,
+                "kind": "wgmma",
+                "threads": 256,
+                "k_threads": 256,
+                "cols": 64,
+                "unroll": 1,
+                "stages": 4,
+                "prefetch": False,
+                "ring": True,
+            },
+            "ring",
+        ),
+        ({**MMA, "m": 16, "threads": 128, "k_threads": 128, "cols": 8, "stages": 1, "ring": True}, "ring"),
+        # 8 warps x 24 stages x (8 tiles + 2 token loads) x 512 B = 960 KB of ring
+        ({**MMA, "m": 16, "threads": 256, "cols": 64, "stages": 24, "ring": True}, "shared memory"),
     ],
 )
 def test_new_fields_name_their_rule(kwargs, rule):
@@ -344,9 +364,33 @@ def test_heuristic_keeps_the_committed_sm121_table():
 
 
 def test_json_leaves_new_fields_out_when_off():
-    """Plan tables and manifests written before bias and tail existed stay byte-identical."""
+    """Plan tables and manifests written before bias, tail and ring existed stay byte-identical."""
     cfg = KernelConfig(m=1)
-    assert "bias" not in cfg.to_json() and "tail" not in cfg.to_json()
-    on = dataclasses.replace(cfg, bias=True, tail=True)
-    assert on.to_json()["bias"] is True and on.to_json()["tail"] is True
+    assert not {"bias", "tail", "ring"} & set(cfg.to_json())
+    on = dataclasses.replace(cfg, bias=True, tail=True, ring=True)
+    assert on.to_json()["bias"] is True and on.to_json()["tail"] is True and on.to_json()["ring"] is True
     assert KernelConfig.from_json(on.to_json()) == on and KernelConfig.from_json(cfg.to_json()) == cfg
+
+
+def test_ring_moves_the_stages_into_dynamic_shared_memory():
+    """ring: one 16-byte slot per lane, stage, step and operand (tiles + token loads), launched as dynamic shared
+    memory; the registers hold one step's operands whatever the depth, so deep rings pass the register budget."""
+    base = dict(kind="mma", threads=128, k_threads=128, vec=8, unroll=1, prefetch=False, fetch=128)
+    ring = KernelConfig(m=16, cols=32, stages=16, ring=True, **base)
+    ring.check(n=4096, k=14336)
+    assert ring.name.endswith("_f128_r") and ring.symbol.endswith("_r_0")
+    assert ring.ring_smem == 4 * 16 * (4 + 2) * 32 * 16 == 196608
+    assert ring.launch(4096).smem == ring.ring_smem and ring.launch(4096).grid == 128
+    assert ring.register_rule[0] == 4 * 4 + (4 * 4 + 4 * 2)
+    m8 = dataclasses.replace(ring, m=8)
+    assert m8.ring_smem == 4 * 16 * (4 + 1) * 32 * 16  # one token load per step below 9 tokens
+    registers = dataclasses.replace(ring, ring=False)
+    assert registers.ring_smem == 0 and registers.launch(4096).smem == 0
+    with pytest.raises(ConfigError, match="rule 'register budget'"):
+        registers.check()  # the same depth in registers: 16 + 16 x 24 words
+    # the dynamic ring and the static reduction buffers share the 227 KB a CTA may take
+    split = KernelConfig(m=16, cols=64, stages=8, split=2, ring=True, **base)
+    split.check(n=4096, k=4096)
+    assert split.ring_smem + split.mma_smem + 1024 <= 227 * 1024
+    with pytest.raises(ConfigError, match="rule 'shared memory'"):
+        dataclasses.replace(split, stages=12).check()

@@ -883,11 +883,11 @@ def test_new_paths_eager_against_float64(new_paths_table):
     assert not failures, "\n".join(failures[:20])
 
 
-@pytest.mark.parametrize("kind", ["mma", "wgmma"])
+@pytest.mark.parametrize("kind", ["mma", "mma ring", "wgmma"])
 def test_new_paths_negative_control(new_paths_table, kind):
     """The check above fails on a wrong result: a bias variant launched without its bias, compared with it."""
     table, cases = new_paths_table
-    why, n, k, cfg = next(c for c in cases if c[3].bias and c[3].kind == kind)
+    why, n, k, cfg = next(c for c in cases if c[3].bias and f"{c[3].kind}{' ring' if c[3].ring else ''}" == kind)
     gen = torch.Generator(device="cuda").manual_seed(15)
     x, b = random_tensor((cfg.m, k), "cuda", generator=gen), _bias(n, 1.0, gen)
     out, _ = _launch_guarded(table.table[(n, k, cfg.m)], x, weight(n, k), None, cfg.m, n)

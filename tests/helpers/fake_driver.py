@@ -57,6 +57,10 @@ class FakeDriver:
         self.memory: dict[int, bytes] = {}  # copy destination -> the bytes copied there (the last copy)
         self._next_alloc = 0x7F00_0000_0000
         self._maps: list = []  # every encoded map's host bytes, kept alive
+        # cuFuncGetAttribute's answers by attribute (default 1024: the threads-per-block limit), and every
+        # cuFuncSetAttribute as (attribute, value)
+        self.func_attrs: dict = {}
+        self.func_sets: list[tuple] = []
 
     def __getattr__(self, name):
         return getattr(self._real, name)  # enums and structs (CUlaunchConfig, ...)
@@ -157,9 +161,10 @@ class FakeDriver:
         return (R.CUDA_SUCCESS, {"kernel": kernel, "ctx": self.ctx_stack[-1]})
 
     def cuFuncGetAttribute(self, attr, fn):
-        return (R.CUDA_SUCCESS, 1024)
+        return (R.CUDA_SUCCESS, self.func_attrs.get(attr, 1024))
 
     def cuFuncSetAttribute(self, fn, attr, value):
+        self.func_sets.append((attr, value))
         return (R.CUDA_SUCCESS,)
 
     def _record(self, fn, grid, block, smem, stream, argv, attrs):

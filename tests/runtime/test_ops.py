@@ -685,3 +685,33 @@ def test_a_refused_tensor_map_gives_f_linears_result(tma_dispatch, monkeypatch):
     assert torch.equal(y, F.linear(x, w)) and fake.launches == []
     assert fake.encodes[-1]["ptr"] == w.data_ptr() and fake.encodes[-1]["dims"] == [512, 256]
     assert counters.snapshot() == {"launches": [], "fallbacks": [[256, 512, 8, counters.REFUSED, 1]]}
+
+
+RING = KernelConfig(
+    m=12, kind="mma", threads=256, k_threads=256, cols=8, stages=4, fetch=0, unroll=1, prefetch=False, ring=True
+)
+
+
+@pytest.mark.parametrize(
+    "cfg, static, opt_in",
+    [
+        (MMA, 5120, None),  # no dynamic shared memory: nothing to opt into
+        (RING, 0, None),  # a 48 KB ring alone fits the default
+        (RING, 5120, RING.ring_smem),  # 48 KB ring + static reduction buffers: past 48 KB (the H200 refused it)
+        (WGMMA, 0, WGMMA.wgmma_smem),
+    ],
+)
+def test_bind_opts_into_shared_memory_past_48_kb(monkeypatch, cfg, static, opt_in):
+    """Binding sets the kernel's dynamic shared-memory limit whenever static + dynamic passes 48 KB."""
+    from skinny_gemm.runtime import devices
+
+    fake = FakeDriver()
+    monkeypatch.setattr(driver_mod, "driver", fake)
+    attrs = fake.CUfunction_attribute
+    fake.func_attrs[attrs.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES] = static
+    fake.ctx_stack.append(1)
+    kernel = devices.Kernel(_variant(cfg), None, {"symbol": cfg.symbol, "params": [(o, s) for _, o, s in PARAMS]})
+    devices._function(kernel)
+    assert RING.ring_smem == 48 * 1024
+    want = [] if opt_in is None else [(attrs.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, opt_in)]
+    assert fake.func_sets == want

@@ -1,0 +1,69 @@
+"""Plan files whose entries are "mma" ring candidates, for `tune prepare --from-plans` (CPU).
+
+    python docs/experiments/ring_candidates.py OUTDIR N,K [N,K ...]
+
+For each M in 8 and 16 and each (N, K) it writes every valid config of a small grid (CTA shape x ring depth,
+fetch 128 B, PDL) into plan files OUTDIR/ring-<i>.json, one config per cell and file, so that
+`skinny-gemm tune prepare --model SLUG --m 8 16 --from-plans OUTDIR/ring-*.json ...` times them all.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "aot"))
+import source_tree  # noqa: E402
+
+source_tree.register(run_init=False)
+from skinny_gemm.kernels.config import ConfigError, KernelConfig  # noqa: E402
+
+# (threads, k_threads, cols, split) and the depths tried with each; the ring's depth is bounded by shared memory.
+# 8 rows per warp lost on every cell of the first sweep (the tokens' copies cost more shared-memory traffic
+# than the weight's), so the CTA shapes have 16-64 rows per warp.
+SHAPES = [
+    (128, 128, 16, 1), (256, 256, 16, 1), (256, 128, 16, 1), (128, 128, 32, 1), (256, 128, 32, 1),
+    (64, 64, 32, 1), (128, 128, 32, 2), (128, 128, 64, 1), (128, 128, 64, 2), (64, 64, 64, 1),
+]
+DEPTHS = [4, 6, 7, 8, 12, 14, 16, 24, 28, 32]
+
+
+def main():
+    out = Path(sys.argv[1])
+    cells = [tuple(int(v) for v in a.split(",")) for a in sys.argv[2:]]
+    files: list[list[dict]] = []
+    for n, k in cells:
+        for m in (8, 16):
+            found = []
+            for threads, kt, cols, split in SHAPES:
+                for d in DEPTHS:
+                    cfg = KernelConfig(
+                        m=m, kind="mma", threads=threads, k_threads=kt, cols=cols, vec=8, unroll=1, stages=d,
+                        pdl=True, prefetch=False, fetch=128, split=split, ring=True,
+                    )
+                    try:
+                        cfg.check(n=n, k=k)
+                    except ConfigError:
+                        continue
+                    found.append(cfg)
+            # per CTA shape keep the deepest ring that leaves two CTAs per SM, and the deepest with one
+            keep = []
+            for shape in SHAPES:
+                mine = [c for c in found if (c.threads, c.k_threads, c.cols, c.split) == shape]
+                two = [c for c in mine if 2 * (c.ring_smem + c.mma_smem + 1024) <= 228 * 1024]
+                one = [c for c in mine if c not in two]
+                keep += [max(two, key=lambda c: c.stages)] if two else []
+                keep += [max(one, key=lambda c: c.stages)] if one else []
+            for i, cfg in enumerate(keep):
+                while len(files) <= i:
+                    files.append([])
+                files[i].append({"config": cfg.to_json(), "k": k, "m": m, "n": n, "provenance": {"kind": "heuristic", "why": "ring candidate"}})
+    out.mkdir(parents=True, exist_ok=True)
+    for i, entries in enumerate(files):
+        plan = {"entries": sorted(entries, key=lambda e: (e["n"], e["k"], e["m"])),
+                "header": {"arch": "sm_90a", "capability": [9, 0], "dtype": "bfloat16", "source": "ring candidates"}}
+        (out / f"ring-{i}.json").write_text(json.dumps(plan, indent=1, sort_keys=True) + "\n")
+        print(out / f"ring-{i}.json", [KernelConfig.from_json(e["config"]).name for e in entries][:3], len(entries))
+
+
+if __name__ == "__main__":
+    main()
