@@ -43,6 +43,8 @@ TOP, PER_FAMILY = 16, 2
 def family(cfg: KernelConfig) -> str:
     """A config's kernel family: its kind and the option that changes how it walks the weight."""
     if cfg.kind == "mma":
+        if cfg.ring:
+            return "mma+ring"
         return "mma+split" if cfg.split > 1 else "mma+sliced" if cfg.slices > 1 else "mma"
     return "simt+persist" if cfg.persist else cfg.kind
 
@@ -106,6 +108,11 @@ def features(cfg: KernelConfig, n: int, k: int) -> dict[str, float]:
         "wgmma": float(wg),
         "wgmma_log_stages": wg * math.log(cfg.stages),
         "wgmma_log_split": wg * math.log(cfg.split),
+        # the mma ring: its own offset and depth, and the token slots it copies per weight slot (the
+        # shared-memory traffic that made 8 rows per warp lose)
+        "ring": float(cfg.ring),
+        "ring_log_stages": cfg.ring * math.log(cfg.stages),
+        "ring_token_ratio": cfg.ring * cfg.token_loads / max(1, cfg.mma_tiles),
     }
 
 

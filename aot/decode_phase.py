@@ -271,8 +271,14 @@ def _time_steps(lib, bufs: dict, m: int, picks: dict, tps: list, trials: int) ->
 
 
 def family(config: dict) -> str:
-    """A candidate's kernel family for the decode phase's last check: its kind, and split or persist if set."""
-    extra = "+split" if config.get("split", 1) > 1 else "+persist" if config.get("persist", 0) else ""
+    """A candidate's kernel family for the decode phase's last check: its kind, and ring, split or persist if set."""
+    extra = ""
+    if config.get("ring"):
+        extra = "+ring"
+    elif config.get("split", 1) > 1:
+        extra = "+split"
+    elif config.get("persist", 0):
+        extra = "+persist"
     return f"{config.get('kind', '?')}{extra}"
 
 
