@@ -55,15 +55,16 @@ config's fetch hint; tokens: through L1, which the other warps' copies hit)
 into its own slots, one commit group per stage, and reads a stage back with
 ``ld.shared`` after ``cp.async.wait_group`` right before its MMAs. A lane reads
 only what it copied itself, so no barrier is needed: the wait makes its own
-copies visible to it, and a slot is refilled only after the MMAs that read it
-were issued (they wait on the read's registers). Slots (per warp: stage, step,
+copies visible to it, and a slot's refill is issued after the lane's own read
+of it in program order (ptxas keeps that order, hoisting the copy just past the
+read; its write lands a global round trip later). Slots (per warp: stage, step,
 operand, lane) are 32 x 16 contiguous bytes per operand, so every copy and read
 is 4 conflict-free wavefronts. Why: at M = 16 a lane's register stage holds 32
 bytes of tokens per 16 of weight, so the register budget caps the weight in
 flight at 2-8 stages; inside the served step those shallow pipelines lost 2-22
 us per down_proj call on the H200, and deep rings (cuBLAS's and "wgmma"'s) none.
 The tokens' copies cost shared-memory bandwidth (a write and a read of 32
-bytes per 16 of weight at 8 weight rows per warp), so the ring wins with 16-32
+bytes per 16 of weight at 8 weight rows per warp), so the ring wins with 16-64
 rows per warp; tokens kept in registers, 1-3 stages ahead, lost (docs/perf.md).
 
 Same kernel-parameter ABI as kernels/skinny_gemm.py (``bias``: the 4th pointer
@@ -223,19 +224,11 @@ class SkinnyMma(Launcher):
         acc.fill(0.0)
 
         prefetch_weight(cfg, w, tidx, bidx * cfg.cols_per_cta, kk, n)
-        # Fill all buffers but one; the weight may be read before the PDL wait, the tokens not.
-        for j in cutlass.range_constexpr(D - 1):
-            self.load_weight(w_lane, wbuf, j, j, r_half)
-        wait_previous_grid(cfg)
-        for j in cutlass.range_constexpr(D - 1):
-            self.load_token(tokens, xbuf, j, j)
-            # ring: group j is stage j's tokens (group 0 also every weight copy issued before the wait)
-            commit(cfg)
-
-        # Trip t multiplies stages t*D .. t*D+D-1 (buffer j holds stage t*D+j);
-        # before multiplying buffer j it refills the buffer freed one step
-        # earlier with the stage D-1 ahead. The last trip only has its first
-        # refill left (the warp's last stage), so it is peeled: no load is guarded.
+        # The fill (every buffer but one), the trips, the peeled last trip: ``pipeline``'s order (the weight may be read before the
+        # PDL wait, the tokens not; the last trip has no refill to guard).
+        first, _, peeled = pipeline(D)
+        ops = (w_lane, tokens, wbuf, xbuf, acc, r_half)
+        self.run(first, FILL, 0, ops)
         if cutlass.const_expr(cfg.static_k > 0):
             for t in cutlass.range_constexpr(cfg.static_k // cfg.k_step - 1):
                 self.trip(w_lane, tokens, wbuf, xbuf, acc, t, r_half)
@@ -243,13 +236,7 @@ class SkinnyMma(Launcher):
             # unroll=1: the body already is D steps; ptxas unrolling it again spilled a loop counter.
             for t in cutlass.range(kk // cfg.k_step - 1, unroll=1):
                 self.trip(w_lane, tokens, wbuf, xbuf, acc, t, r_half)
-        last = kk // cfg.k_step * D - 1
-        self.load_weight(w_lane, wbuf, D - 1, last, r_half)
-        self.load_token(tokens, xbuf, D - 1, last)
-        commit(cfg)
-        for j in cutlass.range_constexpr(D):
-            # ring: buffer j's group is complete once at most the D - 1 - j groups after it are pending
-            self.mma_stage(wbuf, xbuf, acc, j, tokens, D - 1 - j)
+        self.run(peeled, LAST, kk // cfg.k_step * D - 1, ops)
         if cutlass.const_expr(cfg.tail):
             self.tail_steps(w_rows, tokens, acc, kk, krange, koff, wk, g, q)
 
@@ -262,11 +249,29 @@ class SkinnyMma(Launcher):
     def trip(self, w_lane, tokens, wbuf, xbuf, acc, t, r_half):
         """One K-loop trip: for each buffer j, refill the buffer freed one step earlier, then multiply j."""
         D = self.cfg.stages
-        for j in cutlass.range_constexpr(D):
-            self.load_weight(w_lane, wbuf, (j + D - 1) % D, t * D + j + D - 1, r_half)
-            self.load_token(tokens, xbuf, (j + D - 1) % D, t * D + j + D - 1)
-            commit(self.cfg)
-            self.mma_stage(wbuf, xbuf, acc, j, tokens, D - 1)
+        self.run(pipeline(D)[1], TRIP, t, (w_lane, tokens, wbuf, xbuf, acc, r_half))
+
+    def run(self, steps, part, at, ops):
+        """Trace one part of ``pipeline``'s order (a plain method: every branch is on the order's constants, at
+        trace time). ``at``: 0 for the fill, the trip's index t, or the warp's last stage for the peeled trip."""
+        w_lane, tokens, wbuf, xbuf, acc, r_half = ops
+        D = self.cfg.stages
+        for op, *args in steps:
+            if op in (WEIGHT, TOKEN):
+                # the stage: the fill's own; t*D + j + D - 1 for a trip's refill before buffer j (written in
+                # this order so the planned cubins stay byte-identical); the peeled trip's single refill is
+                # the last stage
+                stage = args[1] if part == FILL else t_stage(at, args[1] - D + 1, D) if part == TRIP else at
+                if op == WEIGHT:
+                    self.load_weight(w_lane, wbuf, args[0], stage, r_half)
+                else:
+                    self.load_token(tokens, xbuf, args[0], stage)
+            elif op == COMMIT:
+                commit(self.cfg)
+            elif op == PDL_WAIT:
+                wait_previous_grid(self.cfg)
+            else:
+                self.mma_stage(wbuf, xbuf, acc, args[0], tokens, args[1])
 
     @cute.jit
     def load_weight(self, w_lane, wbuf, buf, stage, r_half):
@@ -399,6 +404,39 @@ def lds(ptr):
     """Four words from shared memory (a lane's ring slot)."""
     v = cute.arch.inline_ptx(LDS_V4_PTX, write_only_types=[cutlass.Int32] * 4, read_only_args=[ptr.toint()])
     return [v[e] for e in range(4)]
+
+
+# The K loop's order, the one source the kernel traces and tests/helpers/ring_emulator.py replays.
+WEIGHT, TOKEN, COMMIT, PDL_WAIT, MMA = "weight", "token", "commit", "pdl wait", "mma"
+FILL, TRIP, LAST = "fill", "trip", "last"
+
+
+def t_stage(t, j, D):
+    """Trip t's refill before buffer j: stage t*D + j + D - 1."""
+    return t * D + j + D - 1
+
+
+def pipeline(stages: int) -> tuple[list, list, list]:
+    """(first, trip, last): the loads, commits and MMAs of the pipeline's fill, of one K-loop trip and of the
+    peeled last trip, in issue order. (WEIGHT or TOKEN, buffer, stage from the part's first), (COMMIT,),
+    (PDL_WAIT,), (MMA, buffer, commit groups it lets stay pending). Without ``ring`` COMMIT is nothing and
+    an MMA waits on its registers instead of its group.
+
+    The fill issues stages 0..D-2: the weight before the PDL wait, the tokens after it, a commit per stage
+    (group 0 also holds every weight copy issued before the wait). Trip t refills, before multiplying
+    buffer j, the buffer freed one step earlier with stage t*D + j + D - 1. The last trip has only its
+    first refill left (the warp's last stage); buffer j's group is complete once at most the D - 1 - j
+    groups after it are pending.
+    """
+    D = stages
+    first = [(WEIGHT, j, j) for j in range(D - 1)] + [(PDL_WAIT,)]
+    first += [op for j in range(D - 1) for op in ((TOKEN, j, j), (COMMIT,))]
+    trip = []
+    for j in range(D):
+        buf = (j + D - 1) % D
+        trip += [(WEIGHT, buf, j + D - 1), (TOKEN, buf, j + D - 1), (COMMIT,), (MMA, j, D - 1)]
+    last = [(WEIGHT, D - 1, D - 1), (TOKEN, D - 1, D - 1), (COMMIT,)] + [(MMA, j, D - 1 - j) for j in range(D)]
+    return first, trip, last
 
 
 # Shared with kernels/skinny_bulk.py, which feeds the same MMAs from shared memory.

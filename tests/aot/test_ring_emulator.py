@@ -1,13 +1,14 @@
 """The "mma" ring (kernels/skinny_mma.py, ``ring``) on CPU: the kernel's slot function gives every lane, warp,
 stage, step and operand its own 16-byte slot inside the launch's dynamic shared memory, and the kernel's
-schedule of copies, commits and waits (tests/helpers/ring_emulator.py, cp.async modelled adversarially) reads
-every stage's own bytes and never overwrites unread ones; sabotaged schedules are caught."""
+order of copies, commits and waits (``pipeline``, replayed by tests/helpers/ring_emulator.py with cp.async
+modelled adversarially) reads every stage's own bytes and never overwrites unread ones; sabotaged orders are
+caught."""
 
 import pytest
 from helpers import ring_emulator
 
 from skinny_gemm.kernels.config import KernelConfig
-from skinny_gemm.kernels.skinny_mma import RING_SLOT, WARP, ring_slot
+from skinny_gemm.kernels.skinny_mma import RING_SLOT, WARP, pipeline, ring_slot
 
 BASE = {"kind": "mma", "vec": 8, "prefetch": False, "fetch": 128, "ring": True}
 CASES = [
@@ -44,7 +45,7 @@ def test_every_slot_is_its_own_and_inside_the_ring(cfg, k):
 
 @pytest.mark.parametrize("cfg, k", CASES, ids=IDS)
 def test_the_schedule_reads_each_stage_its_own_copies(cfg, k):
-    lane = ring_emulator.run(cfg, ring_slot, k)
+    lane = ring_emulator.run(cfg, ring_slot, pipeline, k)
     assert lane.errors == []
     stages = k // cfg.k_step * cfg.stages  # the warp's K range in stages
     assert lane.reads == stages * cfg.unroll * (cfg.mma_tiles + cfg.token_loads)
@@ -55,10 +56,40 @@ def test_a_sabotaged_schedule_is_caught(skew):
     """A wait that lets one more group stay in flight reads stale slots; a refill into the wrong buffer
     overwrites unread bytes or leaves a stage's slots stale."""
     cfg, k = CASES[0]
-    assert ring_emulator.run(cfg, ring_slot, k, skew).errors
+    assert ring_emulator.run(cfg, ring_slot, pipeline, k, skew).errors
 
 
 def test_a_sabotaged_slot_function_is_caught():
     cfg, k = CASES[1]
-    lane = ring_emulator.run(cfg, lambda c, b, buf, u, p: ring_slot(c, b, buf % 2, u, p), k)
+    lane = ring_emulator.run(cfg, lambda c, b, buf, u, p: ring_slot(c, b, buf % 2, u, p), pipeline, k)
     assert lane.errors
+
+
+def test_a_copy_over_unread_bytes_is_caught_when_issued():
+    """The model flags the hazard at the copy, not when it lands: copy A, wait, copy B, read A is a race."""
+    lane = ring_emulator.Lane()
+    lane.copy(0, "A")
+    lane.commit()
+    lane.wait(0)
+    lane.copy(0, "B")
+    lane.read(0, "A")
+    assert lane.errors
+
+
+@pytest.mark.parametrize("edit", ["no commit", "wait one too few", "mma before its refill's commit"])
+def test_a_wrong_edit_of_the_kernels_order_is_caught(edit):
+    """The order the kernel traces, edited the way a slip would: each edit fails the replay."""
+    cfg, k = CASES[1]
+
+    def edited(stages):
+        first, trip, last = pipeline(stages)
+        if edit == "no commit":
+            trip = [op for op in trip if op[0] != "commit"][:] + [("commit",)]
+        elif edit == "wait one too few":
+            last = [("mma", op[1], op[2] + 1) if op[0] == "mma" else op for op in last]
+        else:
+            i = next(i for i, op in enumerate(trip) if op[0] == "commit")
+            trip = trip[:i] + [trip[i + 1], trip[i]] + trip[i + 2 :]
+        return first, trip, last
+
+    assert ring_emulator.run(cfg, ring_slot, edited, k).errors

@@ -1,12 +1,13 @@
 """The "mma" ring's schedule (kernels/skinny_mma.py, ``ring``), emulated for one lane on CPU.
 
-The kernel's order of copies, commits, waits and reads is replayed here with its own slot function
-(``skinny_mma.ring_slot``) against an adversarial model of cp.async: a copy lands in shared memory only when a
-``cp.async.wait_group N`` forces its group (every group but the N newest), so a read of a slot whose copy is
-still in flight sees the old bytes. Each slot holds what was last copied there as (operand, stage, step); a
-read must find its own stage's operand, and a copy must not overwrite a slot whose bytes were never read.
+The kernel's own order (``skinny_mma.pipeline``: the list of loads, commits, waits and MMAs it traces) is
+replayed here with its own slot function (``skinny_mma.ring_slot``) against an adversarial model of cp.async:
+a copy lands in shared memory only when a ``cp.async.wait_group N`` forces its group (every group but the N
+newest). Each slot holds what was last copied there as (operand, stage, step); a read must find its own
+stage's operand with no copy to it in flight, and a copy must not be issued to a slot whose latest bytes
+(landed or in flight) were never read.
 
-Knobs (``skew``) let a test sabotage the schedule the way a wrong edit of the kernel would.
+Knobs (``skew``) let a test sabotage the order the way a wrong edit of the kernel would.
 """
 
 from __future__ import annotations
@@ -21,13 +22,18 @@ class Lane:
     """One lane's view: shared memory slots (address -> content), in-flight groups, the open group."""
 
     memory: dict = field(default_factory=dict)
-    unread: set = field(default_factory=set)
+    unread: set = field(default_factory=set)  # slots whose latest copy (landed or in flight) was never read
+    pending: dict = field(default_factory=dict)  # slot -> copies issued there that have not landed
     groups: list = field(default_factory=list)  # committed, not yet forced: [[(addr, content), ...], ...]
     open: list = field(default_factory=list)  # issued since the last commit
     errors: list = field(default_factory=list)
     reads: int = 0
 
     def copy(self, addr, content):
+        if addr in self.unread:
+            self.errors.append(f"slot {addr}: {content} copied over bytes never read")
+        self.unread.add(addr)
+        self.pending[addr] = self.pending.get(addr, 0) + 1
         self.open.append((addr, content))
 
     def commit(self):
@@ -37,12 +43,12 @@ class Lane:
     def wait(self, pending):
         while len(self.groups) > pending:
             for addr, content in self.groups.pop(0):
-                if addr in self.unread:
-                    self.errors.append(f"slot {addr} overwritten by {content} before {self.memory[addr]} was read")
                 self.memory[addr] = content
-                self.unread.add(addr)
+                self.pending[addr] -= 1
 
     def read(self, addr, want):
+        if self.pending.get(addr):
+            self.errors.append(f"slot {addr} read while its copy is in flight")
         got = self.memory.get(addr)
         if got != want:
             self.errors.append(f"slot {addr} read {got}, wanted {want}")
@@ -50,50 +56,43 @@ class Lane:
         self.reads += 1
 
 
-def run(cfg, ring_slot, k: int, skew: dict | None = None) -> Lane:
-    """Replay lane 0 of warp 0 over a K range of ``k`` (the warp's share: k // k_step trips); returns the lane.
+def run(cfg, ring_slot, pipeline, k: int, skew: dict | None = None) -> Lane:
+    """Replay lane 0 of warp 0 over a K range of ``k`` (k // k_step trips); returns the lane.
 
-    ``ring_slot(cfg, base, buf, u, part)`` is the kernel's slot function. ``skew`` sabotages: "wait" adds to
-    every wait's pending count, "refill" shifts the buffer a trip refills.
+    ``ring_slot(cfg, base, buf, u, part)`` is the kernel's slot function and ``pipeline(stages)`` its order
+    (kernels/skinny_mma.py): the fill, one trip (repeated), the peeled last trip. ``skew`` sabotages:
+    "wait" adds to every wait's pending count, "refill" shifts the buffer a trip's loads fill.
     """
     skew = skew or {}
     D, U = cfg.stages, cfg.unroll
     parts = cfg.mma_tiles + cfg.token_loads
     trips = k // cfg.k_step
     lane = Lane()
+    first, trip, last = pipeline(D)
 
-    def load(buf, stage, which):
-        for u in range(U):
-            for p in range(parts):
-                if (p < cfg.mma_tiles) == (which == "weight"):
-                    lane.copy(ring_slot(cfg, 0, buf, u, p), (p, stage, u))
+    def replay(steps, base, shift=0):
+        for op, *args in steps:
+            if op in ("weight", "token"):
+                buf, stage = (args[0] + shift) % D, base + args[1]
+                for u in range(U):
+                    for p in range(parts):
+                        if (p < cfg.mma_tiles) == (op == "weight"):
+                            lane.copy(ring_slot(cfg, 0, buf, u, p), (p, stage, u))
+            elif op == "commit":
+                lane.commit()
+            elif op == "mma":
+                buf, pending = args
+                lane.wait(pending + skew.get("wait", 0))
+                for u in range(U):
+                    for p in range(parts):
+                        lane.read(ring_slot(cfg, 0, buf, u, p), (p, base + buf, u))
+            elif op != "pdl wait":
+                lane.errors.append(f"unknown op {op}")
 
-    def mma(buf, stage, pending):
-        lane.wait(pending + skew.get("wait", 0))
-        for u in range(U):
-            for p in range(parts):
-                lane.read(ring_slot(cfg, 0, buf, u, p), (p, stage, u))
-
-    # prologue: stages 0..D-2, the weight before the PDL wait, each stage's tokens then a commit
-    for j in range(D - 1):
-        load(j, j, "weight")
-    for j in range(D - 1):
-        load(j, j, "token")
-        lane.commit()
+    replay(first, 0)
     for t in range(trips - 1):
-        for j in range(D):
-            nxt = t * D + j + D - 1
-            buf = (j + D - 1 + skew.get("refill", 0)) % D
-            load(buf, nxt, "weight")
-            load(buf, nxt, "token")
-            lane.commit()
-            mma(j, t * D + j, D - 1)
-    last = trips * D - 1
-    load(D - 1, last, "weight")
-    load(D - 1, last, "token")
-    lane.commit()
-    for j in range(D):
-        mma(j, (trips - 1) * D + j, D - 1 - j)
+        replay(trip, t * D, skew.get("refill", 0))
+    replay(last, (trips - 1) * D)
     lane.wait(0)
     if lane.unread:
         lane.errors.append(f"{len(lane.unread)} slots copied and never read")
