@@ -2,9 +2,11 @@
 
     python docs/experiments/ring_candidates.py OUTDIR N,K [N,K ...]
 
-For each M in 8 and 16 and each (N, K) it writes every valid config of a small grid (CTA shape x ring depth,
-fetch 128 B, PDL) into plan files OUTDIR/ring-<i>.json, one config per cell and file, so that
-`skinny-gemm tune prepare --model SLUG --m 8 16 --from-plans OUTDIR/ring-*.json ...` times them all.
+For each M in 8 and 16 and each (N, K), per CTA shape below (fetch 128 B, PDL), the deepest valid ring that
+leaves two CTAs per SM and the deepest that leaves one, into plan files OUTDIR/ring-<i>.json, one config per
+cell and file, so that `skinny-gemm tune prepare --model SLUG --m 8 16 --from-plans OUTDIR/ring-*.json ...`
+times them all. This grid made the candidates of kernels/plans/tuning/sm_90a/tune-sm_90a-h200-*-tp1-ring.json;
+the first sweep (docs/results/ring/tune-ring-first-sweep-llama-h200.json) had CTA shapes of 8-32 rows per warp.
 """
 
 import json
