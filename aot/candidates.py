@@ -106,8 +106,8 @@ def resident_ctas(cfg: KernelConfig) -> int:
     config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps), and for
     "wgmma" and "mma" rings the SM's shared memory."""
     regs = -(-(cfg.register_rule[0] + 24) // 8) * 8
-    ring = cfg.wgmma_smem if cfg.kind == "wgmma" else cfg.ring_smem + cfg.mma_smem if cfg.ring else 0
-    by_smem = SM_SMEM // (ring + DSL_SMEM_RESERVE) if ring else 2048
+    ring = cfg.launch().smem  # the dynamic ring; an mma ring's static reduction buffers come beside it
+    by_smem = SM_SMEM // (ring + (cfg.mma_smem if cfg.ring else 0) + DSL_SMEM_RESERVE) if ring else 2048
     return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs), by_smem)
 
 

@@ -34,10 +34,9 @@ import cutlass.cute as cute
 
 from .common import Launcher, compile_kernel, wait_previous_grid
 from .config import BULK_ROW_PAD, MMA_ROWS, KernelConfig
-from .skinny_mma import WARP, mma_pair, mma_zero, reduce_and_store
+from .skinny_mma import LDS_PTX, WARP, mma_pair, mma_zero, reduce_and_store
 
 BULK_COPY_PTX = "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{$r0}], [{$r1}], {$r2}, [{$r3}];"
-LDS_PTX = "ld.shared.v4.u32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];"
 
 
 class SkinnyBulk(Launcher):

@@ -93,21 +93,25 @@ MMA_PTX = (
 # way from HBM (on the H200 128 B was faster than 256 B on some shapes, no hint on others).
 def ldg_stream_ptx(fetch: int) -> str:
     """The weight load for a config's ``fetch`` (bytes of L2 fetch per request, 0 = no hint)."""
-    hint = f".L2::{fetch}B" if fetch else ""
-    return f"ld.global.nc.L1::no_allocate{hint}.v4.u32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}];"
+    return f"ld.global.nc.L1::no_allocate{l2_fetch(fetch)}.v4.u32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}];"
+
+
+def l2_fetch(fetch: int) -> str:
+    """The L2 fetch-size qualifier of a weight load or copy (0: none)."""
+    return f".L2::{fetch}B" if fetch else ""
 
 
 # ``ring``: the same words copied into shared memory. The weight bypasses L1 (.cg) as the register path's
 # no_allocate does; the tokens go through it (.ca), as the register path's plain loads do.
 def cp_weight_ptx(fetch: int) -> str:
     """The weight's 16-byte cp.async for a config's ``fetch`` (0 = no hint)."""
-    hint = f".L2::{fetch}B" if fetch else ""
-    return f"cp.async.cg.shared.global{hint} [{{$r0}}], [{{$r1}}], 16;"
+    return f"cp.async.cg.shared.global{l2_fetch(fetch)} [{{$r0}}], [{{$r1}}], 16;"
 
 
 CP_TOKEN_PTX = "cp.async.ca.shared.global [{$r0}], [{$r1}], 16;"
 CP_COMMIT_PTX = "cp.async.commit_group;"
-LDS_V4_PTX = "ld.shared.v4.u32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];"
+# (also kernels/skinny_bulk.py's fragment read)
+LDS_PTX = "ld.shared.v4.u32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];"
 
 
 class SkinnyMma(Launcher):
@@ -367,23 +371,22 @@ class SkinnyMma(Launcher):
         if cutlass.const_expr(cfg.ring):
             cute.arch.inline_ptx(f"cp.async.wait_group {pending};")
         for u in cutlass.range_constexpr(cfg.unroll):
-            if cutlass.const_expr(cfg.ring):
-                xv = lds(ring_slot(cfg, xbuf, buf, u, cfg.mma_tiles))
-                x = [xv[e] & keep for e in range(4)]
-            else:
-                x = [xbuf[buf, u, e] & keep for e in range(4)]
+            x = [v & keep for v in self.words(xbuf, buf, u, cfg.mma_tiles)]
             x2 = None
             if cutlass.const_expr(cfg.token_loads > 1):
-                if cutlass.const_expr(cfg.ring):
-                    xv2 = lds(ring_slot(cfg, xbuf, buf, u, cfg.mma_tiles + 1))
-                    x2 = [xv2[e] & keep2 for e in range(4)]
-                else:
-                    x2 = [xbuf[buf, u, 4 + e] & keep2 for e in range(4)]
+                x2 = [v & keep2 for v in self.words(xbuf, buf, u, cfg.mma_tiles + 1)]
             for t in cutlass.range_constexpr(cfg.mma_tiles):
-                if cutlass.const_expr(cfg.ring):
-                    mma_pair(acc, t, x, lds(ring_slot(cfg, wbuf, buf, u, t)), zero, x2)
-                else:
-                    mma_pair(acc, t, x, [wbuf[buf, u, t, e] for e in range(4)], zero, x2)
+                mma_pair(acc, t, x, self.words(wbuf, buf, u, t), zero, x2)
+
+    def words(self, bufs, buf, u, part):
+        """The 4 words of operand ``part`` (a tile's weight, then the token loads) at step ``u`` of buffer ``buf``:
+        from the lane's ring slot (``ring``), else from the weight's or the tokens' registers."""
+        cfg = self.cfg
+        if cfg.ring:
+            return lds(ring_slot(cfg, bufs, buf, u, part))
+        if part < cfg.mma_tiles:
+            return [bufs[buf, u, part, e] for e in range(4)]
+        return [bufs[buf, u, 4 * (part - cfg.mma_tiles) + e] for e in range(4)]
 
 
 def ring_slot(cfg, lane_slot, buf, u, part):
@@ -402,7 +405,7 @@ def commit(cfg):
 @cute.jit
 def lds(ptr):
     """Four words from shared memory (a lane's ring slot)."""
-    v = cute.arch.inline_ptx(LDS_V4_PTX, write_only_types=[cutlass.Int32] * 4, read_only_args=[ptr.toint()])
+    v = cute.arch.inline_ptx(LDS_PTX, write_only_types=[cutlass.Int32] * 4, read_only_args=[ptr.toint()])
     return [v[e] for e in range(4)]
 
 

@@ -84,7 +84,7 @@ def test_a_wrong_edit_of_the_kernels_order_is_caught(edit):
     def edited(stages):
         first, trip, last = pipeline(stages)
         if edit == "no commit":
-            trip = [op for op in trip if op[0] != "commit"][:] + [("commit",)]
+            trip = [op for op in trip if op[0] != "commit"] + [("commit",)]
         elif edit == "wait one too few":
             last = [("mma", op[1], op[2] + 1) if op[0] == "mma" else op for op in last]
         else:
