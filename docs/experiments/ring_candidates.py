@@ -1,16 +1,21 @@
 """Plan files whose entries are "mma" ring candidates, for `tune prepare --from-plans` (CPU).
 
-    python docs/experiments/ring_candidates.py OUTDIR N,K [N,K ...]
+    python docs/experiments/ring_candidates.py OUTDIR N,K [N,K ...] [--wide] [--unroll 1,2] [--fetch 128,256]
 
 For each M in 8 and 16 and each (N, K), per CTA shape below (fetch 128 B, PDL), the deepest valid ring that
 leaves two CTAs per SM and the deepest that leaves one, into plan files OUTDIR/ring-<i>.json, one config per
 cell and file, so that `skinny-gemm tune prepare --model SLUG --m 8 16 --from-plans OUTDIR/ring-*.json ...`
 times them all. This grid made the candidates of kernels/plans/tuning/sm_90a/tune-sm_90a-h200-*-tp1-ring.json;
 the first sweep (docs/results/ring/tune-ring-first-sweep-llama-h200.json) had CTA shapes of 8-32 rows per warp.
+The second sweep (the *-ring2.json runs) added --unroll 1,2,4 (a stage of 2 or 4 steps: each lane's copies of a
+row cover 128 or 256 contiguous bytes per stage), --fetch 256 and, for the 8B models, --wide (lost: 10-20%
+slower alone) and the whole-row copies of docs/experiments/ring-runs.patch (lost: 2-5% slower alone).
 """
 
+import argparse
 import json
 import sys
+from itertools import product
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "aot"))
@@ -23,34 +28,79 @@ from skinny_gemm.kernels.config import ConfigError, KernelConfig  # noqa: E402
 # 8 rows per warp lost on every cell of the first sweep (the tokens' copies cost more shared-memory traffic
 # than the weight's), so the CTA shapes have 16-64 rows per warp.
 SHAPES = [
-    (128, 128, 16, 1), (256, 256, 16, 1), (256, 128, 16, 1), (128, 128, 32, 1), (256, 128, 32, 1),
-    (64, 64, 32, 1), (128, 128, 32, 2), (128, 128, 64, 1), (128, 128, 64, 2), (64, 64, 64, 1),
+    (128, 128, 16, 1),
+    (256, 256, 16, 1),
+    (256, 128, 16, 1),
+    (128, 128, 32, 1),
+    (256, 128, 32, 1),
+    (64, 64, 32, 1),
+    (128, 128, 32, 2),
+    (128, 128, 64, 1),
+    (128, 128, 64, 2),
+    (64, 64, 64, 1),
+]
+# 128 rows per warp (--wide): half the token copies per weight byte of 64 (at M = 16 a CTA of 64 rows per warp
+# copies 1 KB of tokens per 4 KB of weight), at 136 registers; cluster splits keep the grid over 132 SMs.
+WIDE = [
+    (32, 32, 128, 1),
+    (32, 32, 128, 2),
+    (32, 32, 128, 4),
+    (64, 64, 128, 1),
+    (64, 64, 128, 2),
+    (128, 128, 128, 1),
+    (128, 128, 128, 2),
+    (64, 32, 128, 1),
 ]
 DEPTHS = [4, 6, 7, 8, 12, 14, 16, 24, 28, 32]
 
 
 def main():
-    out = Path(sys.argv[1])
-    cells = [tuple(int(v) for v in a.split(",")) for a in sys.argv[2:]]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("cells", nargs="+", help="N,K")
+    ap.add_argument("--wide", action="store_true", help="also the WIDE CTA shapes (128 rows per warp)")
+    ap.add_argument("--unroll", default="1", help="comma list: 32-k steps per ring stage (default 1)")
+    ap.add_argument("--fetch", default="128", help="comma list: L2 fetch bytes of the weight copies (default 128)")
+    ap.add_argument("--only", default="", help="keep only configs whose name contains this")
+    args = ap.parse_args()
+    shapes = SHAPES + WIDE if args.wide else SHAPES
+    variants = [(int(u), int(f)) for u in args.unroll.split(",") for f in args.fetch.split(",")]
+    out = Path(args.out)
+    cells = [tuple(int(v) for v in a.split(",")) for a in args.cells]
     files: list[list[dict]] = []
     for n, k in cells:
         for m in (8, 16):
             found = []
-            for threads, kt, cols, split in SHAPES:
-                for d in DEPTHS:
-                    cfg = KernelConfig(
-                        m=m, kind="mma", threads=threads, k_threads=kt, cols=cols, vec=8, unroll=1, stages=d,
-                        pdl=True, prefetch=False, fetch=128, split=split, ring=True,
-                    )
-                    try:
-                        cfg.check(n=n, k=k)
-                    except ConfigError:
-                        continue
+            for (threads, kt, cols, split), (unroll, fetch), d in product(shapes, variants, DEPTHS):
+                cfg = KernelConfig(
+                    m=m,
+                    kind="mma",
+                    threads=threads,
+                    k_threads=kt,
+                    cols=cols,
+                    vec=8,
+                    unroll=unroll,
+                    stages=d,
+                    pdl=True,
+                    prefetch=False,
+                    fetch=fetch,
+                    split=split,
+                    ring=True,
+                )
+                try:
+                    cfg.check(n=n, k=k)
+                except ConfigError:
+                    continue
+                if args.only in cfg.name:
                     found.append(cfg)
             # per CTA shape keep the deepest ring that leaves two CTAs per SM, and the deepest with one
             keep = []
-            for shape in SHAPES:
-                mine = [c for c in found if (c.threads, c.k_threads, c.cols, c.split) == shape]
+            for shape, variant in product(shapes, variants):
+                mine = [
+                    c
+                    for c in found
+                    if (c.threads, c.k_threads, c.cols, c.split) == shape and (c.unroll, c.fetch) == variant
+                ]
                 two = [c for c in mine if 2 * (c.ring_smem + c.mma_smem + 1024) <= 228 * 1024]
                 one = [c for c in mine if c not in two]
                 keep += [max(two, key=lambda c: c.stages)] if two else []
@@ -58,11 +108,21 @@ def main():
             for i, cfg in enumerate(keep):
                 while len(files) <= i:
                     files.append([])
-                files[i].append({"config": cfg.to_json(), "k": k, "m": m, "n": n, "provenance": {"kind": "heuristic", "why": "ring candidate"}})
+                files[i].append(
+                    {
+                        "config": cfg.to_json(),
+                        "k": k,
+                        "m": m,
+                        "n": n,
+                        "provenance": {"kind": "heuristic", "why": "ring candidate"},
+                    }
+                )
     out.mkdir(parents=True, exist_ok=True)
     for i, entries in enumerate(files):
-        plan = {"entries": sorted(entries, key=lambda e: (e["n"], e["k"], e["m"])),
-                "header": {"arch": "sm_90a", "capability": [9, 0], "dtype": "bfloat16", "source": "ring candidates"}}
+        plan = {
+            "entries": sorted(entries, key=lambda e: (e["n"], e["k"], e["m"])),
+            "header": {"arch": "sm_90a", "capability": [9, 0], "dtype": "bfloat16", "source": "ring candidates"},
+        }
         (out / f"ring-{i}.json").write_text(json.dumps(plan, indent=1, sort_keys=True) + "\n")
         print(out / f"ring-{i}.json", [KernelConfig.from_json(e["config"]).name for e in entries][:3], len(entries))
 
