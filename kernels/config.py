@@ -34,8 +34,11 @@ KINDS = ("simt", "mma", "bulk", "wgmma")
 # A stage is 64 k (128 bytes: one row of the 128-byte swizzle) of every row and token; the weight box
 # comes by TMA through a tensor map the runtime encodes per weight (runtime/tensormaps.py).
 WGMMA_ROWS, WGMMA_K = 64, 64
-# Dynamic shared memory one CTA may take on sm_90 (227 KB).
-DYNAMIC_SMEM_LIMIT = 227 * 1024
+# Shared memory (static + dynamic) one CTA may take, per arch: 227 KB on the H100 / H200, 99 KB on the GB10
+# (CUDA's per-block opt-in maxima). The config rules use the sm_90a figure (the tuned arch); the build and the
+# runtime check each cubin against its own arch's (runtime/artifacts.py check_cubin).
+SMEM_PER_CTA = {"sm_90a": 227 * 1024, "sm_121": 99 * 1024}
+DYNAMIC_SMEM_LIMIT = SMEM_PER_CTA["sm_90a"]
 # mma.sync.m16n8k16 with the tokens as its 16-row side (rows >= M are zero): a
 # warp's tile is 8 weight rows x 16 token rows x 16 k; one 16-byte load per lane
 # feeds two MMAs, so a warp step covers 32 k.

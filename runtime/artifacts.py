@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..kernels.config import KernelConfig
+from ..kernels.config import SMEM_PER_CTA, KernelConfig
 from . import elf
 from .files import CUBIN_CAP, FileProblem, read_bounded
 from .manifest import (
@@ -154,7 +154,7 @@ def _check_variant(man: Manifest, vid: str) -> tuple[Variant, bytes]:
 
 def check_cubin(blob: bytes, cfg: KernelConfig, arch: str) -> elf.CubinInfo:
     """What the cubin says of itself against what variant ``cfg`` for ``arch`` must be: the target, the symbol,
-    the parameter ABI and the block (``cfg.launch``). The build checks each cubin it writes with it and the
+    the parameter ABI, the block (``cfg.launch``) and shared memory within the arch's per-CTA limit. The build checks each cubin it writes with it and the
     runtime each cubin it reads, so both refuse the same cubins. Raises VariantError with the reason."""
     try:
         info = elf.inspect(blob)
@@ -167,7 +167,14 @@ def check_cubin(blob: bytes, cfg: KernelConfig, arch: str) -> elf.CubinInfo:
         raise VariantError(f"symbol {cfg.symbol} not in cubin ({sorted(info.kernels)})")
     if kernel.params != EXPECTED_PARAMS:
         raise VariantError(f"{cfg.symbol} parameter layout {kernel.params} is not the ABI {EXPECTED_PARAMS}")
-    block = cfg.launch().block
-    if kernel.reqntid is not None and tuple(kernel.reqntid) != block:
-        raise VariantError(f"REQNTID {list(kernel.reqntid)} differs from the variant's block {list(block)}")
+    shape = cfg.launch()
+    if kernel.reqntid is not None and tuple(kernel.reqntid) != shape.block:
+        raise VariantError(f"REQNTID {list(kernel.reqntid)} differs from the variant's block {list(shape.block)}")
+    limit = SMEM_PER_CTA.get(arch)
+    if limit is not None and kernel.shared + shape.smem > limit:
+        # the driver would refuse the launch (or the opt-in) on every call: refuse the variant once, here
+        raise VariantError(
+            f"{cfg.symbol} takes {kernel.shared} bytes of static and {shape.smem} of dynamic shared memory, "
+            f"over the {limit} a CTA may take on {arch}"
+        )
     return info

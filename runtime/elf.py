@@ -1,4 +1,5 @@
-"""The one cubin reader (no CUDA, no cutlass, no pyelftools): ELF arch, kernel symbols, parameter layout.
+"""The one cubin reader (no CUDA, no cutlass, no pyelftools): ELF arch, kernel symbols, parameter layout,
+static shared memory.
 
 The runtime reads every cubin with it before ``cuLibraryLoadData``; verify and
 the build read them with it too. Every table and section must lie inside the
@@ -34,6 +35,8 @@ class KernelInfo:
     params: list[tuple[int, int, int]] = field(default_factory=list)
     reqntid: tuple[int, ...] | None = None
     registers: int | None = None
+    # static shared-memory bytes (the size of its .nv.shared.<symbol> section; 0 without one)
+    shared: int = 0
 
 
 @dataclass
@@ -140,6 +143,8 @@ def _inspect(blob: bytes) -> CubinInfo:
             toolkit = text[text.index(TOOLKIT_MARKER) :].split("\x00")[0]
     kernels = {s.name[len(".text.") :]: KernelInfo() for s in sections if s.name.startswith(".text.")}
     for name, info in kernels.items():
+        shared = by_name.get(f".nv.shared.{name}")
+        info.shared = shared.size if shared is not None else 0
         sec = by_name.get(f".nv.info.{name}")
         if sec is None:
             continue

@@ -171,3 +171,30 @@ def test_new_path_variants_build_with_the_shared_abi(built, tmp_path):
             kernel = info.kernels[cfg.symbol]
             assert kernel.params == [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
             assert tuple(kernel.reqntid) == (cfg.threads, 1, 1) == variant.block
+
+
+def test_a_ring_over_an_archs_shared_memory_is_refused_by_its_build(built, tmp_path):
+    """A ring of 192 KB runs on the H200 (227 KB a CTA) and not on the GB10 (99 KB): the sm_90a build writes it, the
+    sm_121 build refuses it with one line naming the variant and both sizes, so no sm_121 wheel holds a variant
+    the driver would refuse on every call. The ELF reader's static size is the config's reduction buffers plus
+    the DSL's 1 KB."""
+    from skinny_gemm.aot.build import BuildError
+    from skinny_gemm.kernels.config import DSL_SMEM_RESERVE, SMEM_PER_CTA, KernelConfig
+
+    cfg = KernelConfig(
+        m=16, kind="mma", threads=128, k_threads=128, cols=32, unroll=1, stages=16, prefetch=False, fetch=128, ring=True
+    )
+    cfg.check(n=4096, k=14336)
+    assert SMEM_PER_CTA["sm_121"] < cfg.ring_smem < SMEM_PER_CTA["sm_90a"]
+    plan = built["root"] / "sm_90a" / "manifest.json"
+    build.build_configs("sm_90a", [cfg], [], tmp_path / "sm_90a", plan, cache_dir=built["cache"], progress=False)
+    man = parse(tmp_path / "sm_90a" / "manifest.json", expected_arch="sm_90a")
+    (variant,) = man.variants.values()
+    kernel = elf.inspect((man.directory / variant.file).read_bytes()).kernels[cfg.symbol]
+    assert kernel.shared == cfg.mma_smem + DSL_SMEM_RESERVE
+    with pytest.raises(
+        BuildError,
+        match=rf"{cfg.name}: .* {kernel.shared} bytes of static and {cfg.ring_smem} of dynamic shared memory, over the {SMEM_PER_CTA['sm_121']} a CTA may take on sm_121",
+    ):
+        build.build_configs("sm_121", [cfg], [], tmp_path / "sm_121", plan, cache_dir=built["cache"], progress=False)
+    assert not (tmp_path / "sm_121" / "manifest.json").exists()

@@ -57,6 +57,7 @@ def add_catalogue(arch_dir, count: int) -> set:
             "symbol": cfg.symbol,
             "file": f"{cfg.name}.cubin",
             "block": [cfg.threads, 1, 1],
+            "dynamic_smem": cfg.launch().smem,  # the template may be a ring variant
             "pdl": cfg.pdl,
             "grid": {**template["grid"], "cols_per_cta": cfg.cols_per_cta, "cluster": 1, "persist": 0},
         }
