@@ -1,6 +1,7 @@
 """Plan files whose entries are "mma" ring candidates, for `tune prepare --from-plans` (CPU).
 
     python docs/experiments/ring_candidates.py OUTDIR N,K [N,K ...] [--wide] [--unroll 1,2] [--fetch 128,256]
+        [--per-sm 1,2,4]
 
 For each M in 8 and 16 and each (N, K), per CTA shape below (fetch 128 B, PDL), the deepest valid ring that
 leaves two CTAs per SM and the deepest that leaves one, into plan files OUTDIR/ring-<i>.json, one config per
@@ -28,30 +29,22 @@ from skinny_gemm.kernels.config import ConfigError, KernelConfig  # noqa: E402
 # 8 rows per warp lost on every cell of the first sweep (the tokens' copies cost more shared-memory traffic
 # than the weight's), so the CTA shapes have 16-64 rows per warp.
 SHAPES = [
-    (128, 128, 16, 1),
-    (256, 256, 16, 1),
-    (256, 128, 16, 1),
-    (128, 128, 32, 1),
-    (256, 128, 32, 1),
-    (64, 64, 32, 1),
-    (128, 128, 32, 2),
-    (128, 128, 64, 1),
-    (128, 128, 64, 2),
-    (64, 64, 64, 1),
+    (128, 128, 16, 1), (256, 256, 16, 1), (256, 128, 16, 1), (128, 128, 32, 1), (256, 128, 32, 1),
+    (64, 64, 32, 1), (128, 128, 32, 2), (128, 128, 64, 1), (128, 128, 64, 2), (64, 64, 64, 1),
 ]
 # 128 rows per warp (--wide): half the token copies per weight byte of 64 (at M = 16 a CTA of 64 rows per warp
-# copies 1 KB of tokens per 4 KB of weight), at 136 registers; cluster splits keep the grid over 132 SMs.
+# copies 1 KB of tokens per 4 KB of weight), at 136 registers; cluster splits keep the grid over 132 SMs. Lost on
+# the H200 (10-20% slower alone than the best of SHAPES, docs/perf.md "Ideas that lost").
 WIDE = [
-    (32, 32, 128, 1),
-    (32, 32, 128, 2),
-    (32, 32, 128, 4),
-    (64, 64, 128, 1),
-    (64, 64, 128, 2),
-    (128, 128, 128, 1),
-    (128, 128, 128, 2),
-    (64, 32, 128, 1),
+    (32, 32, 128, 1), (32, 32, 128, 2), (32, 32, 128, 4), (64, 64, 128, 1), (64, 64, 128, 2),
+    (128, 128, 128, 1), (128, 128, 128, 2), (64, 32, 128, 1),
 ]
 DEPTHS = [4, 6, 7, 8, 12, 14, 16, 24, 28, 32]
+
+
+def fits(cfg, ctas):
+    """Whether ``ctas`` CTAs of ``cfg`` fit one H200 SM's 228 KB of shared memory (ring, reductions, the DSL's 1 KB)."""
+    return ctas * (cfg.ring_smem + cfg.mma_smem + 1024) <= 228 * 1024
 
 
 def main():
@@ -62,6 +55,12 @@ def main():
     ap.add_argument("--unroll", default="1", help="comma list: 32-k steps per ring stage (default 1)")
     ap.add_argument("--fetch", default="128", help="comma list: L2 fetch bytes of the weight copies (default 128)")
     ap.add_argument("--only", default="", help="keep only configs whose name contains this")
+    ap.add_argument(
+        "--per-sm",
+        default="1,2",
+        help="comma list: per CTA shape, the deepest ring that leaves this many CTAs per SM by shared memory and "
+        "not the next larger listed count (default 1,2)",
+    )
     args = ap.parse_args()
     shapes = SHAPES + WIDE if args.wide else SHAPES
     variants = [(int(u), int(f)) for u in args.unroll.split(",") for f in args.fetch.split(",")]
@@ -93,7 +92,8 @@ def main():
                     continue
                 if args.only in cfg.name:
                     found.append(cfg)
-            # per CTA shape keep the deepest ring that leaves two CTAs per SM, and the deepest with one
+            # per CTA shape the deepest ring that leaves each listed count of CTAs per SM (default: two, then one)
+            counts = sorted({int(v) for v in args.per_sm.split(",")}, reverse=True)
             keep = []
             for shape, variant in product(shapes, variants):
                 mine = [
@@ -101,10 +101,10 @@ def main():
                     for c in found
                     if (c.threads, c.k_threads, c.cols, c.split) == shape and (c.unroll, c.fetch) == variant
                 ]
-                two = [c for c in mine if 2 * (c.ring_smem + c.mma_smem + 1024) <= 228 * 1024]
-                one = [c for c in mine if c not in two]
-                keep += [max(two, key=lambda c: c.stages)] if two else []
-                keep += [max(one, key=lambda c: c.stages)] if one else []
+                for i, count in enumerate(counts):
+                    more = counts[i - 1] if i else None
+                    fit = [c for c in mine if fits(c, count) and (more is None or not fits(c, more))]
+                    keep += [max(fit, key=lambda c: c.stages)] if fit else []
             for i, cfg in enumerate(keep):
                 while len(files) <= i:
                     files.append([])
