@@ -1,7 +1,7 @@
 """Plan files whose entries are "mma" ring candidates, for `tune prepare --from-plans` (CPU).
 
     python docs/experiments/ring_candidates.py OUTDIR N,K [N,K ...] [--wide] [--unroll 1,2] [--fetch 128,256]
-        [--per-sm 1,2,4]
+        [--per-sm 1,2,4] [--runs]
 
 For each M in 8 and 16 and each (N, K), per CTA shape below (fetch 128 B, PDL), the deepest valid ring that
 leaves two CTAs per SM and the deepest that leaves one, into plan files OUTDIR/ring-<i>.json, one config per
@@ -56,12 +56,19 @@ def main():
     ap.add_argument("--fetch", default="128", help="comma list: L2 fetch bytes of the weight copies (default 128)")
     ap.add_argument("--only", default="", help="keep only configs whose name contains this")
     ap.add_argument(
+        "--runs",
+        action="store_true",
+        help="the weight copied as whole rows (the runs field of docs/experiments/ring-weight-runs.patch; unroll 2, 4 or 8)",
+    )
+    ap.add_argument(
         "--per-sm",
         default="1,2",
         help="comma list: per CTA shape, the deepest ring that leaves this many CTAs per SM by shared memory and "
         "not the next larger listed count (default 1,2)",
     )
     args = ap.parse_args()
+    if args.runs and "runs" not in KernelConfig.__dataclass_fields__:
+        sys.exit("ring_candidates.py: --runs needs the runs field: git apply docs/experiments/ring-weight-runs.patch")
     shapes = SHAPES + WIDE if args.wide else SHAPES
     variants = [(int(u), int(f)) for u in args.unroll.split(",") for f in args.fetch.split(",")]
     out = Path(args.out)
@@ -85,6 +92,7 @@ def main():
                     fetch=fetch,
                     split=split,
                     ring=True,
+                    **({"runs": True} if args.runs else {}),
                 )
                 try:
                     cfg.check(n=n, k=k)
