@@ -188,6 +188,20 @@ def main() -> None:
     Path(out).write_text(json.dumps(result))
     if "SKINNY_GEMM_COUNTERS" not in os.environ:
         _end_now()
+    _shut_down(llm)
+
+
+def _shut_down(llm) -> None:
+    """Stop the engine now, giving its process all the time its exit needs: the counters are written by its exit
+    handlers, and vLLM's own teardown at interpreter exit kills an engine process still running after 5 s (on a busy
+    2-core machine it was, and the file was never written)."""
+    import inspect
+
+    core = llm.llm_engine.engine_core
+    if "timeout" in inspect.signature(core.shutdown).parameters:
+        core.shutdown(timeout=600)
+    else:
+        core.shutdown()
 
 
 def _end_now() -> None:
