@@ -106,9 +106,13 @@ def resident_ctas(cfg: KernelConfig) -> int:
     config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps), and for
     "wgmma" and "mma" rings the SM's shared memory."""
     regs = -(-(cfg.register_rule[0] + 24) // 8) * 8
+    return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs), smem_ctas(cfg))
+
+
+def smem_ctas(cfg: KernelConfig) -> int:
+    """CTAs of a "wgmma" or "mma" ring that one sm_90 SM's shared memory holds (2048 for the others: no bound)."""
     ring = cfg.launch().smem  # the dynamic ring; an mma ring's static reduction buffers come beside it
-    by_smem = SM_SMEM // (ring + (cfg.mma_smem if cfg.ring else 0) + DSL_SMEM_RESERVE) if ring else 2048
-    return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs), by_smem)
+    return SM_SMEM // (ring + (cfg.mma_smem if cfg.ring else 0) + DSL_SMEM_RESERVE) if ring else 2048
 
 
 # Per-config rules a space may name (value: the rule's parameter), beyond the config check.

@@ -154,8 +154,9 @@ def _check_variant(man: Manifest, vid: str) -> tuple[Variant, bytes]:
 
 def check_cubin(blob: bytes, cfg: KernelConfig, arch: str) -> elf.CubinInfo:
     """What the cubin says of itself against what variant ``cfg`` for ``arch`` must be: the target, the symbol,
-    the parameter ABI, the block (``cfg.launch``) and shared memory within the arch's per-CTA limit. The build checks each cubin it writes with it and the
-    runtime each cubin it reads, so both refuse the same cubins. Raises VariantError with the reason."""
+    the parameter ABI, the block (``cfg.launch``) and shared memory within the arch's per-CTA limit. The build
+    checks each cubin it writes with it and the runtime each cubin it reads, so both refuse the same cubins.
+    Raises VariantError with the reason."""
     try:
         info = elf.inspect(blob)
     except elf.CubinError as exc:

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "aot"))
 import source_tree  # noqa: E402
 
 source_tree.register(run_init=False)
+from skinny_gemm.aot.candidates import smem_ctas  # noqa: E402
 from skinny_gemm.kernels.config import ConfigError, KernelConfig  # noqa: E402
 
 # (threads, k_threads, cols, split) and the depths tried with each; the ring's depth is bounded by shared memory.
@@ -40,11 +41,6 @@ WIDE = [
     (128, 128, 128, 1), (128, 128, 128, 2), (64, 32, 128, 1),
 ]
 DEPTHS = [4, 6, 7, 8, 12, 14, 16, 24, 28, 32]
-
-
-def fits(cfg, ctas):
-    """Whether ``ctas`` CTAs of ``cfg`` fit one H200 SM's 228 KB of shared memory (ring, reductions, the DSL's 1 KB)."""
-    return ctas * (cfg.ring_smem + cfg.mma_smem + 1024) <= 228 * 1024
 
 
 def main():
@@ -111,7 +107,7 @@ def main():
                 ]
                 for i, count in enumerate(counts):
                     more = counts[i - 1] if i else None
-                    fit = [c for c in mine if fits(c, count) and (more is None or not fits(c, more))]
+                    fit = [c for c in mine if smem_ctas(c) >= count and (more is None or smem_ctas(c) < more)]
                     keep += [max(fit, key=lambda c: c.stages)] if fit else []
             for i, cfg in enumerate(keep):
                 while len(files) <= i:
