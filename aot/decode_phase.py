@@ -15,7 +15,7 @@ M=1/2 re-tune had lost in the served step the day before.
 Step differences of 5-20 us in 5600 are inside the noise of one timing, so the passes'
 choices for an M are kept only if a repeated whole-step comparison against every cell
 on its alone-fastest candidate confirms them (`_confirm`); else that M goes back to the
-alone-fastest.
+alone-fastest, except the cells the passes put on cuBLAS, which stay on it.
 
 A step entry of cells.json is ``{"tp", "calls": [[n, k], ...], "step": {"<m>": ops}}``;
 without "step" (fake steps in the tests, older candidate dirs) the calls run back to back.
@@ -213,13 +213,17 @@ def decode_phase(
 
 def _confirm(lib, bufs: dict, m: int, keys: list, cells: dict, choice: dict, alone: dict, trials: int) -> None:
     """Keep the passes' choices at ``m`` only if the whole step (summed over its TPs) is CONFIRM_MARGIN faster with
-    them than with every cell on its alone-fastest candidate; else every cell of ``m`` goes back to that one.
+    them than with every cell on its alone-fastest candidate (cuBLAS where the passes chose cuBLAS); else every
+    cell of ``m`` goes back to that one.
 
     Both sets are timed interleaved, ``trials`` replays each: one timing of a step that the passes
     saw 5-20 us apart in 5600 cannot tell them apart (H200, 2026-12-02).
     """
     at_m = {key: pick for key, pick in choice.items() if key[2] == m}
-    alone_m = {key: pick for key, pick in alone.items() if key[2] == m}
+    # A cell the passes put on cuBLAS stays there in the fallback: its kernels lost to cuBLAS inside the step,
+    # and the fallback exists to undo kernel-against-kernel picks within the noise, not to plan a kernel the
+    # step found slower than cuBLAS (Mistral-Small-24B M = 8 on the H200, 2026-12-03: 5120x4096 and 6144x5120).
+    alone_m = {key: CUBLAS if at_m.get(key) == CUBLAS else pick for key, pick in alone.items() if key[2] == m}
     if at_m == alone_m:
         record = {"kept": True, "step_us": {}, "note": "the decode choices are the alone-fastest"}
     else:
