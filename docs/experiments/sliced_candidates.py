@@ -1,0 +1,106 @@
+"""Plan files whose entries are sliced "mma" candidates, for `tune prepare --from-plans` (CPU).
+
+    python docs/experiments/sliced_candidates.py OUTDIR N,K [N,K ...] [--m 8] [--token-groups 1]
+
+Per (N, K) at the given M: every valid sliced config (kind "mma", slices S with M / G x S <= 16 for token groups
+G, CTAs of 64-512 threads that split K over all their warps, 1, 2 or 4 tiles of 8 / S rows, 2, 4 or 8 register
+stages, L2 fetch 0 or 128 B, PDL on and off), into OUTDIR/sl-<i>.json, one config per cell and file, so that
+`skinny-gemm tune prepare --model SLUG --m M --from-plans OUTDIR/sl-*.json kernels/plans/sm_90a.json ...` times
+them beside the committed configs. At M = 8 (slices 2) this grid made the candidates of
+kernels/plans/tuning/sm_90a/tune-sm_90a-h200-*-sliced.json (2026-12-03), which kernels/candidates.json's
+`slice-long` space now holds. --token-groups 2,4 at M = 16 needs the token_groups field of
+docs/experiments/token-groups.patch (16 tokens in groups of 8 or 4 against the same sliced weight fragments).
+"""
+
+import argparse
+import json
+import sys
+from itertools import product
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "aot"))
+import source_tree  # noqa: E402
+
+source_tree.register(run_init=False)
+from skinny_gemm.kernels.config import MMA_ROWS, ConfigError, KernelConfig  # noqa: E402
+
+THREADS = (64, 128, 256, 512)
+TILES = (1, 2, 4)
+STAGES = (2, 4, 8)
+FETCH = (0, 128)
+SLICES = (2, 4, 8)
+
+
+def configs(n: int, k: int, m: int, groups: list[int]) -> list[KernelConfig]:
+    """Every valid config of the grid for one cell, in grid order."""
+    found = []
+    for g, s, t, tiles, st, fetch, pdl in product(groups, SLICES, THREADS, TILES, STAGES, FETCH, (True, False)):
+        extra = {"token_groups": g} if g != 1 else {}
+        try:
+            cfg = KernelConfig(
+                m=m,
+                kind="mma",
+                threads=t,
+                k_threads=t,
+                cols=MMA_ROWS // s * tiles,
+                vec=8,
+                unroll=1,
+                stages=st,
+                pdl=pdl,
+                prefetch=False,
+                fetch=fetch,
+                split=1,
+                slices=s,
+                **extra,
+            )
+            cfg.check(n=n, k=k)
+        except (ConfigError, TypeError):
+            continue
+        found.append(cfg)
+    return found
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("cells", nargs="+", help="N,K")
+    ap.add_argument("--m", type=int, default=8, help="token count (default 8)")
+    ap.add_argument(
+        "--token-groups",
+        default="1",
+        help="comma list of token groups (default 1; above 1 needs docs/experiments/token-groups.patch)",
+    )
+    args = ap.parse_args()
+    groups = [int(v) for v in args.token_groups.split(",")]
+    if groups != [1] and "token_groups" not in KernelConfig.__dataclass_fields__:
+        sys.exit("sliced_candidates.py: --token-groups needs the field: git apply docs/experiments/token-groups.patch")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[list[dict]] = []
+    for a in args.cells:
+        n, k = (int(v) for v in a.split(","))
+        found = configs(n, k, args.m, groups)
+        print(f"{n}x{k} M={args.m}: {len(found)} configs")
+        for i, cfg in enumerate(found):
+            while len(files) <= i:
+                files.append([])
+            files[i].append(
+                {
+                    "config": cfg.to_json(),
+                    "k": k,
+                    "m": args.m,
+                    "n": n,
+                    "provenance": {"kind": "heuristic", "why": "sliced candidate"},
+                }
+            )
+    for i, entries in enumerate(files):
+        plan = {
+            "entries": sorted(entries, key=lambda e: (e["n"], e["k"], e["m"])),
+            "header": {"arch": "sm_90a", "capability": [9, 0], "dtype": "bfloat16", "source": "sliced candidates"},
+        }
+        (out / f"sl-{i}.json").write_text(json.dumps(plan, indent=1, sort_keys=True) + "\n")
+    print(f"{len(files)} plan files in {out}")
+
+
+if __name__ == "__main__":
+    main()
