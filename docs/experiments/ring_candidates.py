@@ -109,26 +109,32 @@ def main():
                     more = counts[i - 1] if i else None
                     fit = [c for c in mine if smem_ctas(c) >= count and (more is None or smem_ctas(c) < more)]
                     keep += [max(fit, key=lambda c: c.stages)] if fit else []
-            for i, cfg in enumerate(keep):
-                while len(files) <= i:
-                    files.append([])
-                files[i].append(
-                    {
-                        "config": cfg.to_json(),
-                        "k": k,
-                        "m": m,
-                        "n": n,
-                        "provenance": {"kind": "heuristic", "why": "ring candidate"},
-                    }
-                )
+            add_cell(files, keep, n, k, m, "ring candidate")
+    for path, entries in write_plans(out, files, "ring", "ring candidates"):
+        print(path, [KernelConfig.from_json(e["config"]).name for e in entries][:3], len(entries))
+
+
+def add_cell(files: list[list[dict]], configs: list[KernelConfig], n: int, k: int, m: int, why: str) -> None:
+    """Spread one cell's configs over the plan files, the i-th config into file i (a plan holds one per cell)."""
+    for i, cfg in enumerate(configs):
+        while len(files) <= i:
+            files.append([])
+        files[i].append({"config": cfg.to_json(), "k": k, "m": m, "n": n, "provenance": {"kind": "heuristic", "why": why}})
+
+
+def write_plans(out: Path, files: list[list[dict]], prefix: str, source: str) -> list[tuple[Path, list[dict]]]:
+    """Write OUT/<prefix>-<i>.json, sorted stable plan tables for `tune prepare --from-plans`."""
     out.mkdir(parents=True, exist_ok=True)
+    written = []
     for i, entries in enumerate(files):
         plan = {
             "entries": sorted(entries, key=lambda e: (e["n"], e["k"], e["m"])),
-            "header": {"arch": "sm_90a", "capability": [9, 0], "dtype": "bfloat16", "source": "ring candidates"},
+            "header": {"arch": "sm_90a", "capability": [9, 0], "dtype": "bfloat16", "source": source},
         }
-        (out / f"ring-{i}.json").write_text(json.dumps(plan, indent=1, sort_keys=True) + "\n")
-        print(out / f"ring-{i}.json", [KernelConfig.from_json(e["config"]).name for e in entries][:3], len(entries))
+        path = out / f"{prefix}-{i}.json"
+        path.write_text(json.dumps(plan, indent=1, sort_keys=True) + "\n")
+        written.append((path, entries))
+    return written
 
 
 if __name__ == "__main__":

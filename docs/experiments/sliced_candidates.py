@@ -13,15 +13,12 @@ docs/experiments/token-groups.patch (16 tokens in groups of 8 or 4 against the s
 """
 
 import argparse
-import json
 import sys
 from itertools import product
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "aot"))
-import source_tree  # noqa: E402
-
-source_tree.register(run_init=False)
+# a sibling script (run from the repository root); importing it puts the source tree in place
+from ring_candidates import add_cell, write_plans  # noqa: E402
 from skinny_gemm.kernels.config import MMA_ROWS, ConfigError, KernelConfig  # noqa: E402
 
 THREADS = (64, 128, 256, 512)
@@ -74,32 +71,14 @@ def main():
     groups = [int(v) for v in args.token_groups.split(",")]
     if groups != [1] and "token_groups" not in KernelConfig.__dataclass_fields__:
         sys.exit("sliced_candidates.py: --token-groups needs the field: git apply docs/experiments/token-groups.patch")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     files: list[list[dict]] = []
     for a in args.cells:
         n, k = (int(v) for v in a.split(","))
         found = configs(n, k, args.m, groups)
         print(f"{n}x{k} M={args.m}: {len(found)} configs")
-        for i, cfg in enumerate(found):
-            while len(files) <= i:
-                files.append([])
-            files[i].append(
-                {
-                    "config": cfg.to_json(),
-                    "k": k,
-                    "m": args.m,
-                    "n": n,
-                    "provenance": {"kind": "heuristic", "why": "sliced candidate"},
-                }
-            )
-    for i, entries in enumerate(files):
-        plan = {
-            "entries": sorted(entries, key=lambda e: (e["n"], e["k"], e["m"])),
-            "header": {"arch": "sm_90a", "capability": [9, 0], "dtype": "bfloat16", "source": "sliced candidates"},
-        }
-        (out / f"sl-{i}.json").write_text(json.dumps(plan, indent=1, sort_keys=True) + "\n")
-    print(f"{len(files)} plan files in {out}")
+        add_cell(files, found, n, k, args.m, "sliced candidate")
+    written = write_plans(Path(args.out), files, "sl", "sliced candidates")
+    print(f"{len(written)} plan files in {args.out}")
 
 
 if __name__ == "__main__":
