@@ -117,8 +117,9 @@ def smem_ctas(cfg: KernelConfig) -> int:
 
 # Per-config rules a space may name (value: the rule's parameter), beyond the config check.
 RULES = {
-    # sliced tiles won only with short CTAs (the H200 sweep)
+    # sliced tiles won only with short CTAs at K <= 4096 (the H200 sweep), with 5-32 trips above it (M = 8)
     "max_k_trips": lambda cfg, n, k, limit, sms: k // cfg.k_step <= limit,
+    "min_k_trips": lambda cfg, n, k, limit, sms: k // cfg.k_step >= limit,
     # multi-group mma CTAs above 512 threads spilled
     "max_threads": lambda cfg, n, k, limit, sms: cfg.threads <= limit,
     # a cap that does not cap is a plain grid

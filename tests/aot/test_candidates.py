@@ -1,5 +1,6 @@
 """Candidate spaces as data (kernels/candidates.json): valid configs, the same sets the H200 runs timed, one filter."""
 
+import dataclasses
 import json
 
 import pytest
@@ -169,3 +170,25 @@ def test_tune_prepare_model_writes_the_cut_cells_and_builds_them(tmp_path, capsy
     assert cli.main(["tune", "prepare", "--model", "llama-3.1-70b", "--tp", "1", "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no shapes at TP 1" in err
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-8b", "mistral-small-24b"])
+def test_the_spaces_hold_the_sliced_m8_winners(model):
+    """What the 2026-12-03 sliced sweeps chose inside the served step (a no-PDL pick through its PDL config, whose twin
+    `tune prepare` adds) is a candidate of its cell: long-K cells need the slice-long space (CTAs of 5-32 K trips)."""
+    rows = json.loads((TUNING / f"tune-sm_90a-h200-{model}-tp1-sliced.json").read_text())["cells"]
+    checked = 0
+    for row in rows:
+        decode = row.get("decode", {})
+        for name in {decode.get("chosen"), decode.get("passes_chosen")} & set(row["candidates"]):
+            cfg = KernelConfig.from_json(row["candidates"][name]["config"])
+            if row["m"] != 8 or cfg.slices == 1:
+                continue
+            space = {c.name for c in candidates.candidates(row["n"], row["k"], 8)}
+            assert dataclasses.replace(cfg, pdl=True).name in space, (row["n"], row["k"], name)
+            checked += 1
+    assert checked >= 3
+    long_k = candidates.space_candidates("slice-long", 4096, 14336, 2)
+    assert long_k and all(5 <= 14336 // c.k_step <= 32 for c in long_k)
+    assert not set(long_k) & set(candidates.space_candidates("slice", 4096, 14336, 2))
+    assert candidates.space_candidates("slice-long", 28672, 4096, 8) == [], "K = 4096 winners had at most 4 trips"
