@@ -26,6 +26,10 @@ CASES = [
     (KernelConfig(m=12, threads=256, k_threads=128, cols=16, **MMA), 32, 2048),
     (KernelConfig(m=16, threads=256, k_threads=256, cols=8, **MMA), 16, 4096),
     (KernelConfig(m=16, threads=256, k_threads=256, cols=1, unroll=2), 4, 4096),
+    # the sliced M = 8 picks of long K (slice-long, 2026-12-03): 7, 32 and 5 K-loop trips
+    (KernelConfig(m=8, threads=256, k_threads=256, cols=16, slices=2, **MMA), 32, 14336),
+    (KernelConfig(m=8, threads=64, k_threads=64, cols=8, slices=2, **{**MMA, "stages": 8}), 16, 32768),
+    (KernelConfig(m=8, threads=128, k_threads=128, cols=16, slices=2, **MMA), 32, 5120),
 ]
 
 
