@@ -2,8 +2,9 @@
 
 The cells are a model file's seed set or catalogue models' BF16 cells; a cell's candidates come
 from the spaces (aot/candidates.py), cut by the cost model (aot/costmodel.py) with ``top``, or are
-exactly the configs given plan tables hold. Where the model has a served step, its decode steps go
-into cells.json for the decode phase (aot/decode_phase.py) and each candidate gets its no-PDL twin.
+exactly the configs given plan tables hold (and the fastest ones given results files timed). Where the
+model has a served step, its decode steps go into cells.json for the decode phase (aot/decode_phase.py)
+and each candidate gets its no-PDL twin.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from ..kernels.config import DECODE_MS, MAX_M, ConfigError, KernelConfig
 from ..runtime.manifest import dumps
 from . import candidates, costmodel, plans
 from .decode_phase import model_steps, no_pdl_twins, served_steps
+from .results import read_results
 
 CELLS_FILE = "cells.json"
 # vLLM's decode CUDA-graph sizes up to 16 (a batch is padded up to one of them); the ones
@@ -80,6 +82,8 @@ def prepare(
     twins: bool = True,
     from_plans: list[Path] | None = None,
     decode: bool = True,
+    from_results: list[Path] | None = None,
+    best: int = 6,
 ) -> str:
     """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary.
 
@@ -91,12 +95,14 @@ def prepare(
     set) or of the one catalogue model (every asked TP its step states); there each candidate kept
     also gets its no-PDL twin (``twins``). ``from_plans``: each cell's candidates are exactly the
     distinct configs those plan tables hold for it (no cut, no twins; a cell none holds is skipped).
+    ``from_results`` adds, per cell, the configs of the ``best`` fastest exact candidates those `tune measure`
+    results timed for it (the previous run's front beside a new sweep, so one run compares them).
     ``decode=False`` writes no decode steps: `tune measure` then times the cells alone.
     """
     from .build import build_configs, main_summary
 
-    if from_plans and top:
-        raise ValueError("--from-plans times the plans' configs as they are: --top does not apply")
+    if (from_plans or from_results) and top:
+        raise ValueError("--from-plans / --from-results time given configs as they are: --top does not apply")
     notes = []
     if model or every:
         cells = _catalogue_cells(model, tps, every, ms)
@@ -111,8 +117,12 @@ def prepare(
     if not decode:
         steps = []
         notes.append("no decode phase (--no-decode): the cells are timed alone")
-    if from_plans:
-        rows, skipped = plan_rows(cells, plan_configs(from_plans, arch))
+    if from_plans or from_results:
+        by_cell = plan_configs(from_plans or [], arch)
+        for key, configs in result_configs(from_results or [], arch, best).items():
+            have = by_cell.setdefault(key, [])
+            have += [c for c in configs if c not in have]
+        rows, skipped = plan_rows(cells, by_cell)
     else:
         rows, skipped = cell_rows(cells, top, per_family, extend=_with_twins if steps and twins else None, arch=arch)
     configs = {KernelConfig.from_json(c) for r in rows for c in r["candidates"]}
@@ -182,14 +192,34 @@ def plan_configs(paths, arch: str) -> dict[tuple[int, int, int], list[KernelConf
     return found
 
 
+def result_configs(paths, arch: str, best: int) -> dict[tuple[int, int, int], list[KernelConfig]]:
+    """(n, k, m) -> the configs of the ``best`` fastest exact candidates `tune measure` results timed for it, fastest
+    first (over several files, each file's in turn)."""
+    found: dict = {}
+    for path in paths:
+        data = read_results(path)
+        if data["arch"] != arch:
+            raise candidates.CandidateError(f"{path}: tuner results for {data['arch']}, not {arch}")
+        for row in data["cells"]:
+            timed = sorted(
+                (c["us"], name) for name, c in row["candidates"].items() if c["bad_elements"] == 0 and c["us"]
+            )
+            have = found.setdefault((row["n"], row["k"], row["m"]), [])
+            for _, name in timed[:best]:
+                cfg = KernelConfig.from_json(row["candidates"][name]["config"])
+                if cfg not in have:
+                    have.append(cfg)
+    return found
+
+
 def plan_rows(cells, by_cell: dict) -> tuple[list[dict], dict]:
     """`tune prepare --from-plans`'s rows: per (n, k, m[, bias]) cell exactly the configs ``by_cell`` holds for it
-    (no cost-model cut, no twins); returns (rows, {(n, k, m): why} for cells no table holds)."""
+    (no cost-model cut, no twins); returns (rows, {(n, k, m): why} for cells no table or results file holds)."""
     rows, skipped = [], {}
     for cell in cells:
         key = tuple(cell[:3])
         if key in by_cell:
             rows.append({"n": key[0], "k": key[1], "m": key[2], "candidates": [c.to_json() for c in by_cell[key]]})
         else:
-            skipped[key] = "no plan table given holds it"
+            skipped[key] = "no plan table or results file given holds it"
     return rows, skipped

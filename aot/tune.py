@@ -67,6 +67,21 @@ def add_arguments(p) -> None:
         "none holds is skipped",
     )
     pr.add_argument(
+        "--from-results",
+        type=Path,
+        nargs="+",
+        metavar="RESULTS",
+        help="also each cell's --best fastest exact candidates in these `tune measure` results (a previous "
+        "run's front beside a new sweep); like --from-plans, no cut and no twins",
+    )
+    pr.add_argument(
+        "--best",
+        type=_at_least_one,
+        default=6,
+        metavar="N",
+        help="with --from-results: how many of each cell's fastest candidates (default 6)",
+    )
+    pr.add_argument(
         "--no-decode",
         dest="decode",
         action="store_false",
@@ -209,6 +224,8 @@ def main(args) -> int:
                     args.twins,
                     args.from_plans,
                     args.decode,
+                    args.from_results,
+                    args.best,
                 )
             )
         elif args.phase in ("model-fit", "model-check"):

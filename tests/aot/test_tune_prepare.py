@@ -67,7 +67,7 @@ def test_from_plans_takes_exactly_the_plans_configs(compiled, tmp_path):
     assert len(got[(a[0].n, a[0].k, 8)]) == 1, "a config both tables hold is one candidate"
     assert all(len(v) == 2 for key, v in got.items() if key != (a[0].n, a[0].k, 8))
     assert compiled["configs"] == {e.config for e in a + b}
-    assert f"no candidates {left_out} m=8: no plan table given holds it" in line
+    assert f"no candidates {left_out} m=8: no plan table or results file given holds it" in line
     assert (*left_out, 8) not in got
 
 
@@ -174,3 +174,34 @@ def test_a_catalogue_step_runs_the_models_bf16_linears_as_gemms():
     (seed, _) = decode_phase.served_steps("sm_90a", GLM, [1])
     assert note == "" and entry == seed
     assert {tuple(c) for c in entry["calls"]} == set(models.shapes(models.load("glm-5.3-flash"), 4))
+
+
+def test_from_results_adds_each_cells_fastest_exact_candidates(compiled, tmp_path):
+    """--from-results: per cell the --best fastest candidates with no bad element, beside the plans' configs."""
+    src = (
+        build.PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a" / "tune-sm_90a-h200-llama-3.1-8b-tp1-sliced.json"
+    )
+    data = json.loads(src.read_text())
+    row = next(r for r in data["cells"] if (r["n"], r["k"], r["m"]) == (28672, 4096, 8))
+    ranked = sorted(row["candidates"], key=lambda nm: row["candidates"][nm]["us"])
+    # the fastest candidate made wrong: it must not be taken
+    row["candidates"][ranked[0]]["bad_elements"] = 3
+    results = tmp_path / "r.json"
+    results.write_text(json.dumps(data))
+    line = prepare(
+        "sm_90a", None, tmp_path / "out", ms=[8], model="llama-3.1-8b", tps=[1], from_results=[results], best=2
+    )
+    got = {(r["n"], r["k"], r["m"]): r["candidates"] for r in _spec(tmp_path / "out")["cells"]}
+    want = [row["candidates"][nm]["config"] for nm in ranked[1:3]]
+    assert [KernelConfig.from_json(c) for c in got[(28672, 4096, 8)]] == [KernelConfig.from_json(c) for c in want]
+    assert all(len(v) <= 2 for v in got.values()) and "built" in line
+
+
+def test_from_results_refuses_a_cut_in_one_line(compiled, tmp_path, capsys):
+    src = (
+        build.PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a" / "tune-sm_90a-h200-llama-3.1-8b-tp1-sliced.json"
+    )
+    args = ["tune", "prepare", "--model", "llama-3.1-8b", "--tp", "1", "--m", "8", "--out", str(tmp_path / "o")]
+    assert cli.main([*args, "--from-results", str(src), "--top", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--top does not apply" in err and err.count("\n") == 1
