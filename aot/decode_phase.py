@@ -213,19 +213,16 @@ def decode_phase(
 
 def _confirm(lib, bufs: dict, m: int, keys: list, cells: dict, choice: dict, alone: dict, trials: int) -> None:
     """Keep the passes' choices at ``m`` only if the whole step (summed over its TPs) is CONFIRM_MARGIN faster with
-    them than with every cell on its alone-fastest candidate (cuBLAS where the passes chose cuBLAS); else every
-    cell of ``m`` goes back to that one.
+    them than with the fallback set (`_fallback`: every cell on its alone-fastest candidate, or on cuBLAS where
+    the step found that faster); else every cell of ``m`` goes back to that set.
 
     Both sets are timed interleaved, ``trials`` replays each: one timing of a step that the passes
     saw 5-20 us apart in 5600 cannot tell them apart (H200, 2026-12-02).
     """
     at_m = {key: pick for key, pick in choice.items() if key[2] == m}
-    # A cell the passes put on cuBLAS stays there in the fallback: its kernels lost to cuBLAS inside the step,
-    # and the fallback exists to undo kernel-against-kernel picks within the noise, not to plan a kernel the
-    # step found slower than cuBLAS (Mistral-Small-24B M = 8 on the H200, 2026-12-03: 5120x4096 and 6144x5120).
-    alone_m = {key: CUBLAS if at_m.get(key) == CUBLAS else pick for key, pick in alone.items() if key[2] == m}
+    alone_m = {key: _fallback(cells[key], pick, at_m.get(key)) for key, pick in alone.items() if key[2] == m}
     if at_m == alone_m:
-        record = {"kept": True, "step_us": {}, "note": "the decode choices are the alone-fastest"}
+        record = {"kept": True, "step_us": {}, "note": "the decode choices are the fallback set"}
     else:
         tps = sorted(bufs)
         per = _time_steps(lib, bufs, m, {"decode": dict(choice), "alone": {**choice, **alone_m}}, tps, trials)
@@ -239,6 +236,21 @@ def _confirm(lib, bufs: dict, m: int, keys: list, cells: dict, choice: dict, alo
         if not record["kept"]:
             decode["passes_chosen"] = decode["chosen"]
             decode["chosen"] = alone_m[key]
+
+
+def _fallback(row: dict, alone_pick, pick):
+    """One cell's pick in the confirm step's fallback set: cuBLAS where the passes chose it or where its
+    alone-fastest candidate was no faster than cuBLAS in the cell's own step timing, else that candidate.
+
+    The fallback exists to undo kernel-against-kernel picks within the noise, not to plan a kernel the step found
+    slower than cuBLAS (on the H200, 2026-12-03: Mistral-Small-24B's 5120x4096 and 6144x5120 at M = 8, Llama-3.1-8B's
+    down_proj ring at M = 16, 7666.3 against 7663.2 us)."""
+    if pick == CUBLAS:
+        return CUBLAS
+    timed = row.get("decode", {}).get("step_us", {})
+    if alone_pick in timed and CUBLAS in timed and sum(timed[CUBLAS].values()) <= sum(timed[alone_pick].values()):
+        return CUBLAS
+    return alone_pick
 
 
 def _step_data(step: dict, m: int, device, read_cap: int | None = None):

@@ -103,10 +103,10 @@ def measure(
             f"{decode_passes} pass(es) over the cells, the last decides; then each kernel family holding two or "
             "more cells is swapped out whole for their best other candidates, kept if the steps get 1% faster"
             + (
-                f"; then per M the whole steps with these choices against every cell on its alone-fastest "
-                f"candidate (cuBLAS where the passes chose it), interleaved, median of {confirms} trials: the choices are kept only if their sum over "
-                f"the TPs is {CONFIRM_MARGIN:.1%} lower, else that M goes back to the alone-fastest (cells the passes "
-                "put on cuBLAS stay on it)"
+                "; then per M the whole steps with these choices against every cell on its alone-fastest "
+                "candidate (cuBLAS where the passes chose it or found it faster than that candidate), interleaved, "
+                f"median of {confirms} trials: the choices are kept only if their sum over the TPs is "
+                f"{CONFIRM_MARGIN:.1%} lower, else that M goes back to that fallback set"
                 if confirms
                 else "; no confirm step"
             )

@@ -83,7 +83,7 @@ def prepare(
     from_plans: list[Path] | None = None,
     decode: bool = True,
     from_results: list[Path] | None = None,
-    best: int = 6,
+    best: int | None = None,
 ) -> str:
     """Write ``out/cells.json`` and compile every candidate into ``out/<arch>/``; return a summary.
 
@@ -95,7 +95,7 @@ def prepare(
     set) or of the one catalogue model (every asked TP its step states); there each candidate kept
     also gets its no-PDL twin (``twins``). ``from_plans``: each cell's candidates are exactly the
     distinct configs those plan tables hold for it (no cut, no twins; a cell none holds is skipped).
-    ``from_results`` adds, per cell, the configs of the ``best`` fastest exact candidates those `tune measure`
+    ``from_results`` adds, per cell, the configs of the ``best`` (default 6) fastest exact candidates those `tune measure`
     results timed for it (the previous run's front beside a new sweep, so one run compares them).
     ``decode=False`` writes no decode steps: `tune measure` then times the cells alone.
     """
@@ -103,6 +103,9 @@ def prepare(
 
     if (from_plans or from_results) and top:
         raise ValueError("--from-plans / --from-results time given configs as they are: --top does not apply")
+    if best is not None and not from_results:
+        raise ValueError("--best counts each cell's candidates taken from --from-results: give that too")
+    best = 6 if best is None else best
     notes = []
     if model or every:
         cells = _catalogue_cells(model, tps, every, ms)

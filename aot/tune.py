@@ -15,8 +15,8 @@ served step (aot/decode_phase.py: one CUDA graph of the whole step per TP, the o
 the projections included, the other cells on their current choice, passes in order of each
 shape's share of the step, then each kernel family swapped out whole; PDL on and off compete
 in every entry), and keeps an M's step choices only if a repeated whole-step comparison
-against every cell on its alone-fastest candidate (cuBLAS where the passes chose it) confirms
-them. `write` keeps, per cell, the
+against every cell on its alone-fastest candidate (cuBLAS where the passes chose it or found it
+faster than that candidate) confirms them. `write` keeps, per cell, the
 decode-step choice or else the fastest correct candidate, if it beats cuBLAS by at least 5%,
 with measured provenance. Cells that do not win stay on cuBLAS.
 
@@ -77,7 +77,6 @@ def add_arguments(p) -> None:
     pr.add_argument(
         "--best",
         type=_at_least_one,
-        default=6,
         metavar="N",
         help="with --from-results: how many of each cell's fastest candidates (default 6)",
     )

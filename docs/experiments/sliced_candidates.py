@@ -7,8 +7,8 @@ G, CTAs of 64-512 threads that split K over all their warps, 1, 2 or 4 tiles of 
 stages, L2 fetch 0 or 128 B, PDL on and off), into OUTDIR/sl-<i>.json, one config per cell and file, so that
 `skinny-gemm tune prepare --model SLUG --m M --from-plans OUTDIR/sl-*.json kernels/plans/sm_90a.json ...` times
 them beside the committed configs. At M = 8 (slices 2) this grid made the candidates of
-kernels/plans/tuning/sm_90a/tune-sm_90a-h200-*-sliced.json (2026-12-03), which kernels/candidates.json's
-`slice-long` space now holds. --token-groups 2,4 at M = 16 needs the token_groups field of
+kernels/plans/tuning/sm_90a/tune-sm_90a-h200-*-sliced.json (2026-12-03); kernels/candidates.json's `slice`
+and `slice-long` spaces hold its winners (at K = 4096 the grid's CTAs of 5 or more trips are in neither). --token-groups 2,4 at M = 16 needs the token_groups field of
 docs/experiments/token-groups.patch (16 tokens in groups of 8 or 4 against the same sliced weight fragments).
 """
 

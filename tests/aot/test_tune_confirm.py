@@ -119,7 +119,7 @@ def test_choices_equal_to_the_alone_fastest_need_no_timing(timed):
     assert rows[0]["decode"]["confirm"] == {
         "kept": True,
         "step_us": {},
-        "note": "the decode choices are the alone-fastest",
+        "note": "the decode choices are the fallback set",
     }
     assert all(trials == 2 for _, trials in calls), "no confirm timing"
 
@@ -165,7 +165,7 @@ def test_a_cell_whose_kernels_lose_in_the_step_stays_on_cublas(timed, tmp_path):
     assert rows[0]["decode"]["confirm"] == {
         "kept": True,
         "step_us": {},
-        "note": "the decode choices are the alone-fastest",
+        "note": "the decode choices are the fallback set",
     }
     src = tmp_path / "results.json"
     src.write_text(
@@ -188,16 +188,51 @@ def test_a_fallback_keeps_the_cells_the_passes_put_on_cublas(timed):
     the step stays on cuBLAS: the fallback undoes picks between kernels, it does not plan a kernel the step found
     slower (Mistral-Small-24B M = 8 on the H200, 2026-12-03)."""
     cost, _, lib = timed
-    # (64, 32): cuBLAS 99 per call beats a/b (100 / 101); (32, 64): y beats x by 0.05, both beat cuBLAS
-    cost.update({"a1": 100.0, "b1": 101.0, "x1": 98.0, "y1": 97.95, "cublas": 99.0})
+    # (64, 32): cuBLAS 99 per call beats a/b (99.2 / 101); (32, 64): y beats x by 0.05, both beat cuBLAS. Every
+    # set is within the margin of the next, so the step falls back whichever fallback it has.
+    cost.update({"a1": 99.2, "b1": 101.0, "x1": 98.0, "y1": 97.95, "cublas": 99.0})
     rows = _rows(1)
     _run(lib, rows)
     confirm = rows[1]["decode"]["confirm"]
     assert confirm["kept"] is False
     # the fallback set timed: cuBLAS at (64, 32), x at (32, 64); TP4 runs (64, 32) twice and (32, 64) once
     assert confirm["step_us"]["alone"] == {"4": 296.0, "8": 98.0}
-    assert [r["decode"]["chosen"] for r in rows] == ["cublas", "x1"]
+    assert [r["decode"]["chosen"] for r in rows] == ["cublas", "x1"], "not a1, which lost to cuBLAS in the step"
     assert [r["decode"]["passes_chosen"] for r in rows] == ["cublas", "y1"]
+
+
+def test_a_fallback_puts_a_cell_on_cublas_where_its_alone_fastest_lost_in_the_step(timed, tmp_path):
+    """The passes put (128, 64) on b, which beat cuBLAS in the step, but its alone-fastest a lost to cuBLAS there
+    (Llama-3.1-8B's down_proj ring at M = 16 on the H200): the fallback runs that cell on cuBLAS, not on a, and
+    `tune write` plans only the other cell."""
+    import torch
+
+    cost, _, lib = timed
+    a_cfg, b_cfg = candidates.candidates(128, 64, 1)[:2]
+    x_cfg, y_cfg = candidates.candidates(64, 64, 1)[:2]
+    rows = [
+        {"n": 128, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"a1": a_cfg, "b1": b_cfg}},
+        {"n": 64, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"x1": x_cfg, "y1": y_cfg}},
+    ]
+    for row in rows:
+        row["candidates"] = {
+            nm: {**cand(5.0 + i), "config": c.to_json()} for i, (nm, c) in enumerate(row["candidates"].items())
+        }
+    steps = [{"tp": 4, "calls": [[128, 64], [64, 64], [128, 64]]}, {"tp": 8, "calls": [[64, 64]]}]
+    # every set within the margin of the next: the passes' b / y, the fallback's cuBLAS / x, the old one's a / x
+    cost.update({"a1": 100.0, "b1": 98.9, "x1": 98.0, "y1": 97.95, "cublas": 99.0})
+    decode_phase.decode_phase(lib, rows, steps, torch.device("cpu"), top=12, trials=2, progress=False)
+    assert [r["decode"]["passes_chosen"] for r in rows] == ["b1", "y1"]
+    assert rows[0]["decode"]["confirm"]["kept"] is False
+    assert rows[0]["decode"]["confirm"]["step_us"]["alone"] == {"4": 296.0, "8": 98.0}
+    assert [r["decode"]["chosen"] for r in rows] == ["cublas", "x1"]
+    src = tmp_path / "results.json"
+    src.write_text(
+        json.dumps({"arch": "sm_90a", "gpu": "test GPU", "date": "2026-12-03", "method": "synthetic", "cells": rows})
+    )
+    _, planned, skipped = write_plan(src, out=tmp_path / "plan.json")
+    _, entries = plans.load(tmp_path / "plan.json")
+    assert (planned, skipped) == (1, 1) and [(e.n, e.k, e.config) for e in entries] == [(64, 64, x_cfg)]
 
 
 def test_cells_on_cublas_form_no_family(timed):

@@ -195,9 +195,29 @@ def test_from_results_adds_each_cells_fastest_exact_candidates(compiled, tmp_pat
     want = [row["candidates"][nm]["config"] for nm in ranked[1:3]]
     assert [KernelConfig.from_json(c) for c in got[(28672, 4096, 8)]] == [KernelConfig.from_json(c) for c in want]
     assert all(len(v) <= 2 for v in got.values()) and "built" in line
+    # beside --from-plans: the plan's config first, a results config it already holds not repeated
+    prepare(
+        "sm_90a",
+        None,
+        tmp_path / "both",
+        ms=[8],
+        model="llama-3.1-8b",
+        tps=[1],
+        from_results=[results],
+        best=2,
+        from_plans=[plans.plan_path("sm_90a")],
+    )
+    both = {(r["n"], r["k"], r["m"]): r["candidates"] for r in _spec(tmp_path / "both")["cells"]}
+    _, entries = plans.load(plans.plan_path("sm_90a"))
+    planned = next(e.config for e in entries if (e.n, e.k, e.m) == (28672, 4096, 8))
+    from_runs = [KernelConfig.from_json(c) for c in want]
+    assert [KernelConfig.from_json(c) for c in both[(28672, 4096, 8)]] == [planned] + [
+        c for c in from_runs if c != planned
+    ]
+    assert planned in from_runs, "the case exercises the de-duplication"
 
 
-def test_from_results_refuses_a_cut_in_one_line(compiled, tmp_path, capsys):
+def test_from_results_refuses_a_cut_and_best_alone_in_one_line(compiled, tmp_path, capsys):
     src = (
         build.PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a" / "tune-sm_90a-h200-llama-3.1-8b-tp1-sliced.json"
     )
@@ -205,3 +225,6 @@ def test_from_results_refuses_a_cut_in_one_line(compiled, tmp_path, capsys):
     assert cli.main([*args, "--from-results", str(src), "--top", "4"]) == 2
     err = capsys.readouterr().err
     assert "--top does not apply" in err and err.count("\n") == 1
+    assert cli.main([*args, "--best", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "--best counts each cell's candidates taken from --from-results" in err and err.count("\n") == 1
