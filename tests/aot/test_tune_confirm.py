@@ -135,12 +135,10 @@ def test_measure_cli_takes_confirm_trials(capsys, tmp_path):
     assert "alone-fastest by 0.5% (default 3 x --trials" in " ".join(capsys.readouterr().out.split())
 
 
-def test_a_cell_whose_kernels_lose_in_the_step_stays_on_cublas(timed, tmp_path):
-    """Alone both cells' kernels beat cuBLAS; inside the step (128, 64)'s lose to it (as Llama's down_proj at M = 16
-    on the H200): that cell alone goes to cuBLAS, the step confirms it, and tune write plans only the other cell."""
-    import torch
-
-    cost, _, lib = timed
+def _valid_cells():
+    """Two cells whose candidates are valid configs (so `tune write` can plan them): (128, 64) with a1 / b1, (64, 64)
+    with x1 / y1, each first one alone-fastest; TP4 runs (128, 64) twice and (64, 64) once, TP8 (64, 64) once.
+    Returns (rows, steps, x1's config)."""
     a_cfg, b_cfg = candidates.candidates(128, 64, 1)[:2]
     x_cfg, y_cfg = candidates.candidates(64, 64, 1)[:2]
     rows = [
@@ -152,6 +150,16 @@ def test_a_cell_whose_kernels_lose_in_the_step_stays_on_cublas(timed, tmp_path):
             nm: {**cand(5.0 + i), "config": c.to_json()} for i, (nm, c) in enumerate(row["candidates"].items())
         }
     steps = [{"tp": 4, "calls": [[128, 64], [64, 64], [128, 64]]}, {"tp": 8, "calls": [[64, 64]]}]
+    return rows, steps, x_cfg
+
+
+def test_a_cell_whose_kernels_lose_in_the_step_stays_on_cublas(timed, tmp_path):
+    """Alone both cells' kernels beat cuBLAS; inside the step (128, 64)'s lose to it (as Llama's down_proj at M = 16
+    on the H200): that cell alone goes to cuBLAS, the step confirms it, and tune write plans only the other cell."""
+    import torch
+
+    cost, _, lib = timed
+    rows, steps, x_cfg = _valid_cells()
     # per call in the step: cuBLAS 50 beats a/b (60 / 70) at (128, 64) and loses to x/y (40 / 45) at (64, 64)
     cost.update({"a1": 60.0, "b1": 70.0, "x1": 40.0, "y1": 45.0, "cublas": 50.0})
 
@@ -208,17 +216,7 @@ def test_a_fallback_puts_a_cell_on_cublas_where_its_alone_fastest_lost_in_the_st
     import torch
 
     cost, _, lib = timed
-    a_cfg, b_cfg = candidates.candidates(128, 64, 1)[:2]
-    x_cfg, y_cfg = candidates.candidates(64, 64, 1)[:2]
-    rows = [
-        {"n": 128, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"a1": a_cfg, "b1": b_cfg}},
-        {"n": 64, "k": 64, "m": 1, "cublas_us": 10.0, "candidates": {"x1": x_cfg, "y1": y_cfg}},
-    ]
-    for row in rows:
-        row["candidates"] = {
-            nm: {**cand(5.0 + i), "config": c.to_json()} for i, (nm, c) in enumerate(row["candidates"].items())
-        }
-    steps = [{"tp": 4, "calls": [[128, 64], [64, 64], [128, 64]]}, {"tp": 8, "calls": [[64, 64]]}]
+    rows, steps, x_cfg = _valid_cells()
     # every set within the margin of the next: the passes' b / y, the fallback's cuBLAS / x, the old one's a / x
     cost.update({"a1": 100.0, "b1": 98.9, "x1": 98.0, "y1": 97.95, "cublas": 99.0})
     decode_phase.decode_phase(lib, rows, steps, torch.device("cpu"), top=12, trials=2, progress=False)
