@@ -2,7 +2,9 @@
 # The end-to-end vLLM run on one H200 (device machine, no package index), from the repository root there:
 #   vllm_h200.sh stage PART_DIR         copy one wheelhouse part (vllm_wheelhouse.py --part-mb 40) into $HOME/wh
 #   vllm_h200.sh install WHEEL          assemble vLLM into $HOME/site and install the skinny-gemm wheel beside it
-#   vllm_h200.sh test                   the GPU tests that need vLLM (a real engine) and the routed forward
+#   vllm_h200.sh test [FILE...]         the GPU tests that need vLLM (a real engine) and the routed forward; FILE
+#                                       (e.g. gpu/test_vllm_engine_gpu.py) runs one of them: together they take
+#                                       over 200 s, so a call that also benches may run them one per call
 #   vllm_h200.sh bench MODEL [ARGS...]  skinny-gemm bench --sections vllm for MODEL, results under $OUT/vllm-MODEL
 set -euo pipefail
 SITE=$HOME/site
@@ -15,9 +17,11 @@ case "$1" in
     python3 -c "import vllm, skinny_gemm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
     python3 -m skinny_gemm env | head -8 ;;
   test)
+    shift
+    files=("$@")
+    [ ${#files[@]} -gt 0 ] || files=(gpu/test_vllm_engine_gpu.py gpu/test_vllm_forward_gpu.py)
     rm -rf /tmp/t && cp -r tests /tmp/t
-    (cd /tmp/t && python3 -m pytest gpu/test_vllm_engine_gpu.py gpu/test_vllm_forward_gpu.py -q -p no:cacheprovider \
-       2>&1 | tee "$OUT/gpu-tests-vllm.log") ;;
+    (cd /tmp/t && python3 -m pytest "${files[@]}" -q -p no:cacheprovider -rA 2>&1 | tee -a "$OUT/gpu-tests-vllm.log") ;;
   bench)
     model=$2; shift 2
     python3 -m skinny_gemm bench --sections vllm --model "$model" --out "$OUT/vllm-$model" "$@" 2>&1 \
