@@ -15,9 +15,11 @@ from ..kernels.config import DECODE_MS, MAX_M, ConfigError, KernelConfig
 from ..runtime.manifest import dumps
 from . import candidates, costmodel, plans
 from .decode_phase import model_steps, no_pdl_twins, served_steps
-from .results import read_results
+from .results import isolated_winners, read_results
 
 CELLS_FILE = "cells.json"
+# --from-results: each cell's this many fastest exact candidates, unless --best says otherwise
+FROM_RESULTS_BEST = 6
 # vLLM's decode CUDA-graph sizes up to 16 (a batch is padded up to one of them); the ones
 # the kernels can run (config.py's MAX_M) may be tuned beyond a seed set's own token counts.
 VLLM_GRAPH_MS = DECODE_MS
@@ -95,7 +97,7 @@ def prepare(
     set) or of the one catalogue model (every asked TP its step states); there each candidate kept
     also gets its no-PDL twin (``twins``). ``from_plans``: each cell's candidates are exactly the
     distinct configs those plan tables hold for it (no cut, no twins; a cell none holds is skipped).
-    ``from_results`` adds, per cell, the configs of the ``best`` (default 6) fastest exact candidates those `tune measure`
+    ``from_results`` adds, per cell, the configs of the ``best`` (FROM_RESULTS_BEST) fastest exact candidates those `tune measure`
     results timed for it (the previous run's front beside a new sweep, so one run compares them).
     ``decode=False`` writes no decode steps: `tune measure` then times the cells alone.
     """
@@ -105,7 +107,7 @@ def prepare(
         raise ValueError("--from-plans / --from-results time given configs as they are: --top does not apply")
     if best is not None and not from_results:
         raise ValueError("--best counts each cell's candidates taken from --from-results: give that too")
-    best = 6 if best is None else best
+    best = FROM_RESULTS_BEST if best is None else best
     notes = []
     if model or every:
         cells = _catalogue_cells(model, tps, every, ms)
@@ -121,10 +123,7 @@ def prepare(
         steps = []
         notes.append("no decode phase (--no-decode): the cells are timed alone")
     if from_plans or from_results:
-        by_cell = plan_configs(from_plans or [], arch)
-        for key, configs in result_configs(from_results or [], arch, best).items():
-            have = by_cell.setdefault(key, [])
-            have += [c for c in configs if c not in have]
+        by_cell = result_configs(from_results or [], arch, best, plan_configs(from_plans or [], arch))
         rows, skipped = plan_rows(cells, by_cell)
     else:
         rows, skipped = cell_rows(cells, top, per_family, extend=_with_twins if steps and twins else None, arch=arch)
@@ -195,20 +194,17 @@ def plan_configs(paths, arch: str) -> dict[tuple[int, int, int], list[KernelConf
     return found
 
 
-def result_configs(paths, arch: str, best: int) -> dict[tuple[int, int, int], list[KernelConfig]]:
-    """(n, k, m) -> the configs of the ``best`` fastest exact candidates `tune measure` results timed for it, fastest
-    first (over several files, each file's in turn)."""
-    found: dict = {}
+def result_configs(paths, arch: str, best: int, found: dict) -> dict[tuple[int, int, int], list[KernelConfig]]:
+    """``found`` ((n, k, m) -> configs, e.g. `plan_configs`'s) with, appended per cell where new, the configs of the
+    ``best`` fastest exact candidates `tune measure` results timed for it, fastest first (each file in turn)."""
     for path in paths:
         data = read_results(path)
         if data["arch"] != arch:
             raise candidates.CandidateError(f"{path}: tuner results for {data['arch']}, not {arch}")
         for row in data["cells"]:
-            timed = sorted(
-                (c["us"], name) for name, c in row["candidates"].items() if c["bad_elements"] == 0 and c["us"]
-            )
             have = found.setdefault((row["n"], row["k"], row["m"]), [])
-            for _, name in timed[:best]:
+            # every exact, timed candidate fastest first (no speedup floor: a front, not winners)
+            for name in isolated_winners(row, min_speedup=0.0)[:best]:
                 cfg = KernelConfig.from_json(row["candidates"][name]["config"])
                 if cfg not in have:
                     have.append(cfg)

@@ -35,6 +35,7 @@ import sys
 from pathlib import Path
 
 from .decode_phase import CONFIRM_MARGIN, CONFIRM_TRIALS, DECODE_PASSES, DECODE_TOP
+from .prepare import FROM_RESULTS_BEST
 from .results import MIN_SPEEDUP
 
 
@@ -78,7 +79,7 @@ def add_arguments(p) -> None:
         "--best",
         type=_at_least_one,
         metavar="N",
-        help="with --from-results: how many of each cell's fastest candidates (default 6)",
+        help=f"with --from-results: how many of each cell's fastest candidates (default {FROM_RESULTS_BEST})",
     )
     pr.add_argument(
         "--no-decode",
