@@ -237,6 +237,12 @@ class KernelConfig:
         return self.cols * self.slices // MMA_ROWS
 
     @property
+    def outputs_per_thread(self) -> int:
+        """Outputs each thread of a group sums and stores in the sliced epilogue ("mma" with slices): M x cols
+        outputs over the group's k_threads threads, rounded up."""
+        return -(-self.m * self.cols // self.k_threads)
+
+    @property
     def token_loads(self) -> int:
         """Token loads per lane and step ("mma"): 2 once the m x slices rows of the A side pass its first 8."""
         return 2 if self.m * self.slices > MMA_ROWS else 1
@@ -460,11 +466,6 @@ def _mma_rules(c: KernelConfig) -> None:
         raise ConfigError(
             f"rule 'mma tile': k_threads={c.k_threads} must be whole warps, vec={c.vec} must be 8 "
             f"and cols={c.cols} a multiple of {rows} (8 / slices rows per tile)"
-        )
-    if c.slices > 1 and c.m * c.cols > c.k_threads:
-        raise ConfigError(
-            f"rule 'reduction lanes': m*cols={c.m * c.cols} outputs exceed k_threads={c.k_threads} "
-            "(one thread of the group sums each output's slices)"
         )
     if c.mma_smem + DSL_SMEM_RESERVE > STATIC_SMEM_LIMIT:
         raise ConfigError(

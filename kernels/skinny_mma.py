@@ -580,15 +580,19 @@ def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
                     if i // S < M:
                         sRed[grp, wk, i // S, t * (MMA_ROWS // S) + j // S, j % S] = acc[t, 2 * h + e]
     cute.arch.sync_threads()
-    slot = wk * WARP + lane  # this thread's place in its group
-    if slot < M * cfg.cols:
-        tok = slot // cfg.cols
-        col = slot % cfg.cols
-        total = cutlass.Float32(0.0)
-        for r in cutlass.range_constexpr(WK):
-            for sl in cutlass.range_constexpr(S):
-                total = total + sRed[grp, r, tok, col, sl]
-        store_output(cfg, out, residual, has_res, total, tok, row0 + col, n)
+    first = wk * WARP + lane  # this thread's place in its group
+    # the group's k_threads threads take its M * cols outputs in turns: first, first + k_threads, ...
+    # (more than one each lets a CTA hold more rows per token read: tokens cost M / cols of the weight's bytes)
+    for o in cutlass.range_constexpr(cfg.outputs_per_thread):
+        slot = first if o == 0 else first + o * cfg.k_threads
+        if slot < M * cfg.cols:
+            tok = slot // cfg.cols
+            col = slot % cfg.cols
+            total = cutlass.Float32(0.0)
+            for r in cutlass.range_constexpr(WK):
+                for sl in cutlass.range_constexpr(S):
+                    total = total + sRed[grp, r, tok, col, sl]
+            store_output(cfg, out, residual, has_res, total, tok, row0 + col, n)
 
 
 @cute.jit

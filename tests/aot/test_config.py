@@ -67,8 +67,6 @@ def test_sm121_plan_is_the_pull_request_set():
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, split=2, slices=2), "slices"),
         # a tile of 2 slices is 4 rows
         (dict(m=1, kind="mma", threads=128, k_threads=128, cols=6, prefetch=False, slices=2), "mma tile"),
-        # 4 tokens x 16 columns = 64 outputs, each summed by one of the group's 32 threads
-        (dict(m=4, kind="mma", threads=32, k_threads=32, cols=16, prefetch=False, slices=2), "reduction lanes"),
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, slices=True), "slices"),
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, slices=2.0), "slices"),
         (dict(m=1, kind="mma", threads=256, cols=8, prefetch=False, split=2.0), "split"),
@@ -190,6 +188,21 @@ def test_slices_shape_the_tile():
     assert KernelConfig(m=1, kind="mma", threads=128, k_threads=128, cols=1, slices=8).token_loads == 1
     with pytest.raises(ConfigError, match="rule 'k divisible'"):
         one_row.check(n=6416, k=2048)
+
+
+def test_sliced_outputs_take_turns_over_the_group():
+    """More outputs than a group's threads (M x cols > k_threads) are valid: each thread sums ceil(M x cols /
+    k_threads) of them in the sliced epilogue, so a CTA can hold more rows per token read."""
+    wide = KernelConfig(
+        m=8, kind="mma", threads=128, k_threads=128, cols=32, unroll=1, stages=2, prefetch=False, slices=2
+    )
+    wide.check(n=28672, k=4096)
+    assert (wide.m * wide.cols, wide.outputs_per_thread, wide.mma_tiles) == (256, 2, 8)
+    assert KernelConfig(m=8, kind="mma", threads=256, cols=16, prefetch=False, slices=2).outputs_per_thread == 1
+    # 4 tokens x 20 columns = 80 outputs over 32 threads: 3 turns, the last one partly idle
+    odd = KernelConfig(m=4, kind="mma", threads=32, k_threads=32, cols=20, prefetch=False, slices=2)
+    odd.check(n=4000, k=4096)
+    assert odd.outputs_per_thread == 3
 
 
 def test_json_round_trip_and_unknown_fields():

@@ -30,7 +30,11 @@ CASES = [
     (KernelConfig(m=8, threads=256, k_threads=256, cols=16, slices=2, **MMA), 32, 14336),
     (KernelConfig(m=8, threads=64, k_threads=64, cols=8, slices=2, **{**MMA, "stages": 8}), 16, 32768),
     (KernelConfig(m=8, threads=128, k_threads=128, cols=16, slices=2, **MMA), 32, 5120),
+    # sliced CTAs with more outputs than threads (m x cols > k_threads): each thread stores 2 or 3 in turns
+    (KernelConfig(m=8, threads=128, k_threads=128, cols=32, slices=2, **{**MMA, "stages": 2}), 64, 4096),
+    (KernelConfig(m=4, threads=32, k_threads=32, cols=20, slices=2, tail=True, **MMA), 20 + 7, 2880),
 ]
+TURNS = [c for c in CASES if c[0].slices > 1 and c[0].outputs_per_thread > 1]
 
 
 @pytest.mark.parametrize("cfg, n, k", CASES, ids=[f"{c.name}-n{n}-k{k}" for c, n, k in CASES])
@@ -53,3 +57,23 @@ def test_negative_control_without_the_tail_misses_k(cfg, n, k):
     assert k % plain.k_step, "every tail case has a K tail"
     counts, _, _ = coverage(plain, n // plain.cols_per_cta * plain.cols_per_cta, k)
     assert not (counts == 1).all()
+
+
+class _OneTurn:
+    """A config whose sliced epilogue stores only one output per thread (the rule before turns)."""
+
+    def __init__(self, cfg):
+        self._cfg = cfg
+
+    def __getattr__(self, name):
+        return getattr(self._cfg, name)
+
+    outputs_per_thread = 1
+
+
+@pytest.mark.parametrize("cfg, n, k", TURNS, ids=[f"{c.name}-n{n}-k{k}" for c, n, k in TURNS])
+def test_negative_control_one_turn_leaves_outputs_unstored(cfg, n, k):
+    """With one output per thread, the outputs past the group's k_threads are never stored: the check above
+    fails on it."""
+    _, stored, _ = coverage(_OneTurn(cfg), n, k)
+    assert (stored == 0).any() and stored.max() == 1

@@ -124,7 +124,17 @@ def _mma(cfg, n, k, cta, reads, counts, stored):
                             for kp in a_ks:
                                 if kp is not None:
                                     counts[tok, row, kp : kp + 8] += 1
-        if wk == 0:
-            for col in range(cfg.cols):
-                if row0 + col < n or not cfg.tail:
-                    stored[:, row0 + col] += 1
+        if S == 1:
+            if wk == 0:  # the K-split warps' sums end in warp 0 of the group, which stores them
+                for col in range(cfg.cols):
+                    if row0 + col < n or not cfg.tail:
+                        stored[:, row0 + col] += 1
+            continue
+        # sliced: the group's threads take its m x cols outputs in turns (slot = turn x k_threads + thread)
+        for lane in range(WARP):
+            for turn in range(cfg.outputs_per_thread):
+                slot = turn * cfg.k_threads + wk * WARP + lane
+                if slot < cfg.m * cfg.cols:
+                    tok, col = divmod(slot, cfg.cols)
+                    if row0 + col < n or not cfg.tail:
+                        stored[tok, row0 + col] += 1
