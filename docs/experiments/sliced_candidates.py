@@ -1,9 +1,9 @@
 """Plan files whose entries are sliced "mma" candidates, for `tune prepare --from-plans` (CPU).
 
-    python docs/experiments/sliced_candidates.py OUTDIR N,K [N,K ...] [--m 8] [--token-groups 1]
+    python docs/experiments/sliced_candidates.py OUTDIR N,K [N,K ...] [--m 8] [--token-groups 1] [--tiles 1,2,4]
 
 Per (N, K) at the given M: every valid sliced config (kind "mma", slices S with M / G x S <= 16 for token groups
-G, CTAs of 64-512 threads that split K over all their warps, 1, 2 or 4 tiles of 8 / S rows, 2, 4 or 8 register
+G, CTAs of 64-512 threads that split K over all their warps, 1, 2 or 4 tiles (`--tiles`) of 8 / S rows, 2, 4 or 8 register
 stages, L2 fetch 0 or 128 B, PDL on and off), into OUTDIR/sl-<i>.json, one config per cell and file, so that
 `skinny-gemm tune prepare --model SLUG --m M --from-plans OUTDIR/sl-*.json kernels/plans/sm_90a.json ...` times
 them beside the committed configs. At M = 8 (slices 2) this grid made the candidates of
@@ -28,10 +28,10 @@ FETCH = (0, 128)
 SLICES = (2, 4, 8)
 
 
-def configs(n: int, k: int, m: int, groups: list[int]) -> list[KernelConfig]:
+def configs(n: int, k: int, m: int, groups: list[int], tiles_grid=TILES) -> list[KernelConfig]:
     """Every valid config of the grid for one cell, in grid order."""
     found = []
-    for g, s, t, tiles, st, fetch, pdl in product(groups, SLICES, THREADS, TILES, STAGES, FETCH, (True, False)):
+    for g, s, t, tiles, st, fetch, pdl in product(groups, SLICES, THREADS, tiles_grid, STAGES, FETCH, (True, False)):
         extra = {"token_groups": g} if g != 1 else {}
         try:
             cfg = KernelConfig(
@@ -67,14 +67,21 @@ def main():
         default="1",
         help="comma list of token groups (default 1; above 1 needs docs/experiments/token-groups.patch)",
     )
+    ap.add_argument(
+        "--tiles",
+        default=",".join(map(str, TILES)),
+        help="comma list of MMA tiles per warp (default 1,2,4, the 2026-12-03 grid; 8 gives CTAs of more outputs "
+        "than threads, whose sliced epilogue stores them in turns)",
+    )
     args = ap.parse_args()
+    tiles_grid = tuple(int(v) for v in args.tiles.split(","))
     groups = [int(v) for v in args.token_groups.split(",")]
     if groups != [1] and "token_groups" not in KernelConfig.__dataclass_fields__:
         sys.exit("sliced_candidates.py: --token-groups needs the field: git apply docs/experiments/token-groups.patch")
     files: list[list[dict]] = []
     for a in args.cells:
         n, k = (int(v) for v in a.split(","))
-        found = configs(n, k, args.m, groups)
+        found = configs(n, k, args.m, groups, tiles_grid)
         print(f"{n}x{k} M={args.m}: {len(found)} configs")
         add_cell(files, found, n, k, args.m, "sliced candidate")
     written = write_plans(Path(args.out), files, "sl", "sliced candidates")

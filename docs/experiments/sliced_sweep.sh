@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Sliced "mma" sweeps in the served step, bundled for one H200 call: sliced tiles at M = 8 (the 2026-12-03 runs'
+# grid) and at M = 16 with the tokens in groups of 8 or 4 (docs/experiments/token-groups.patch; perf.md, Next 0),
+# each timed beside the committed plan's configs and the model's last sliced / ring2 run's fastest, cuBLAS
+# competing in every cell. From the repository root:
+#   sliced_sweep.sh prepare BUNDLE SLUG:TP:M [...]   CPU: a worktree of HEAD with the patch applied, per spec
+#                          the candidates of each (N, K) the model has at that TP (token groups 2 and 4 at
+#                          M = 16), one `tune prepare` (compiles) into BUNDLE/cells-SLUG-tpTP-mM, then the
+#                          patched tree's sm_90a wheel into BUNDLE/whl. BUNDLE under .device/ is ignored by git,
+#                          so a `run` call carries it (carry [".device/NAME"]).
+#   sliced_sweep.sh measure BUNDLE                  H200: install that wheel, `tune measure` every cells folder
+#                          (decode top 8, 2 passes, then the confirm step); results and logs under $OUT
+# e.g. prepare .device/m16 llama-3.1-8b:1:16 qwen3-8b:1:16 (about 3 min of compiling per model here; 841
+# timings, about 0.5 min of H200 time before the decode phase, for Llama-3.1-8B). The runtime of an unpatched
+# wheel refuses the token_groups field, so measure needs the bundle's own wheel.
+set -euo pipefail
+usage="usage: sliced_sweep.sh prepare BUNDLE SLUG:TP:M [...] | measure BUNDLE"
+cmd=${1:?$usage}
+bundle=${2:?$usage}
+PY=${PYTHON:-python}
+case "$cmd" in
+  prepare)
+    shift 2
+    [ $# -gt 0 ] || { echo "sliced_sweep.sh: give at least one SLUG:TP:M (e.g. llama-3.1-8b:1:16)" >&2; exit 2; }
+    root=$PWD
+    mkdir -p "$bundle"
+    bundle=$(cd "$bundle" && pwd)
+    tree=$(mktemp -d)/tree
+    trap 'git -C "$root" worktree remove --force "$tree" >/dev/null 2>&1 || true' EXIT
+    git worktree add -q --detach "$tree" HEAD
+    git -C "$tree" apply "$root/docs/experiments/token-groups.patch"
+    cd "$tree"
+    for spec in "$@"; do
+      IFS=: read -r slug tp m <<<"$spec"
+      [ -n "$m" ] || { echo "sliced_sweep.sh: '$spec' is not SLUG:TP:M" >&2; exit 2; }
+      name=$slug-tp$tp-m$m
+      groups=1
+      [ "$m" -gt 8 ] && groups=2,4
+      echo "== $name: candidates, token groups $groups ($(date +%T))"
+      shapes=$("$PY" - "$slug" "$tp" <<'EOF'
+import json, sys
+slug, tp = sys.argv[1:]
+lin = json.load(open(f"kernels/models/{slug}.json"))["linears"]
+print(" ".join(sorted({"%d,%d" % tuple(v["tp"][tp]) for v in lin.values() if tp in v.get("tp", {})})))
+EOF
+)
+      [ -n "$shapes" ] || { echo "sliced_sweep.sh: kernels/models/$slug.json has no linear at TP $tp" >&2; exit 2; }
+      rm -rf "$bundle/plans-$name" "$bundle/cells-$name"
+      "$PY" docs/experiments/sliced_candidates.py "$bundle/plans-$name" $shapes --m "$m" --token-groups "$groups" \
+        --tiles 1,2,4,8
+      earlier=()
+      for run in sliced ring2; do
+        f=kernels/plans/tuning/sm_90a/tune-sm_90a-h200-$slug-tp$tp-$run.json
+        [ -f "$f" ] && earlier+=("$f")
+      done
+      echo "== $name: tune prepare, beside ${earlier[*]:-the plan only} ($(date +%T))"
+      "$PY" aot/source_tree.py tune prepare --arch sm_90a --model "$slug" --tp "$tp" --m "$m" \
+        --from-plans "$bundle/plans-$name"/sl-*.json kernels/plans/sm_90a.json \
+        ${earlier[@]:+--from-results "${earlier[@]}"} --out "$bundle/cells-$name"
+      rm -rf "$bundle/plans-$name"
+    done
+    echo "== wheel ($(date +%T))"
+    rm -rf "$bundle/whl"
+    "$PY" -m pip wheel -q . --no-deps -w "$bundle/whl" -C skinny.archs=sm_90a
+    git -C "$root" rev-parse HEAD > "$bundle/commit.txt"
+    du -sh "$bundle"
+    echo "next (H200): bash docs/experiments/sliced_sweep.sh measure ${bundle#"$root"/}   (carry that folder)" ;;
+  measure)
+    site=$(mktemp -d)/site
+    python3 -m pip install -q --no-deps --no-index --target "$site" "$bundle"/whl/*.whl
+    for cells in "$bundle"/cells-*; do
+      name=${cells##*/cells-}
+      echo "== $name ($(date +%T))"
+      PYTHONPATH=$site python3 -m skinny_gemm tune measure "$cells" \
+        --results "$OUT/tune-sm_90a-h200-$name-sliced-sweep.json" --decode-top 8 --decode-passes 2 2>&1 \
+        | tee "$OUT/tune-$name.log" | tail -40
+    done ;;
+  *) echo "sliced_sweep.sh: unknown command '$cmd' ($usage)" >&2; exit 2 ;;
+esac
