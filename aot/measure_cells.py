@@ -33,6 +33,10 @@ def measure(
 
     spec = json.loads((cand_dir / CELLS_FILE).read_text())
     arch = spec["arch"]
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"{cand_dir}: measuring needs a CUDA GPU and this torch sees none (prepare it here, measure there)"
+        )
     device = torch.device("cuda", torch.cuda.current_device())
     lib = loader.load_dir(cand_dir / arch, device)
     gpu = torch.cuda.get_device_name(device)

@@ -135,6 +135,20 @@ def test_measure_cli_takes_confirm_trials(capsys, tmp_path):
     assert "alone-fastest by 0.5% (default 3 x --trials" in " ".join(capsys.readouterr().out.split())
 
 
+def test_measure_without_a_gpu_is_one_line(capsys, tmp_path, monkeypatch):
+    """On a machine whose torch sees no GPU (the CPU machine that prepares), measure refuses in one line, exit 2."""
+    import torch
+
+    from skinny_gemm.aot import cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (tmp_path / "cells.json").write_text(json.dumps({"arch": "sm_90a", "cells": []}))
+    assert cli.main(["tune", "measure", str(tmp_path), "--results", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs a CUDA GPU" in err and str(tmp_path) in err
+    assert not (tmp_path / "r.json").exists()
+
+
 def _valid_cells():
     """Two cells whose candidates are valid configs (so `tune write` can plan them): (128, 64) with a1 / b1, (64, 64)
     with x1 / y1, each first one alone-fastest; TP4 runs (128, 64) twice and (64, 64) once, TP8 (64, 64) once.
