@@ -552,7 +552,8 @@ def reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank):
 
 @cute.jit
 def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
-    """``slices``: each warp puts its slice partials in shared memory, then one thread per output adds them and stores.
+    """``slices``: each warp puts its slice partials in shared memory, then each thread of the group adds and stores
+    ``outputs_per_thread`` outputs, k_threads apart.
 
     Lane (g, q) holds D[i][j] for A row i = g + 8h and B column j = 2q + e in acc[tile, 2h + e]. It is a
     partial of output (token i // S, row tile * 8 / S + j // S) when i and j are the same slice (i % S == j % S);

@@ -7,7 +7,8 @@ G, CTAs of 64-512 threads that split K over all their warps, 1, 2 or 4 tiles (`-
 stages, L2 fetch 0 or 128 B, PDL on and off), into OUTDIR/sl-<i>.json, one config per cell and file, so that
 `skinny-gemm tune prepare --model SLUG --m M --from-plans OUTDIR/sl-*.json kernels/plans/sm_90a.json ...` times
 them beside the committed configs. At M = 8 (slices 2) this grid made the candidates of
-kernels/plans/tuning/sm_90a/tune-sm_90a-h200-*-sliced.json (2026-12-03); kernels/candidates.json's `slice`
+kernels/plans/tuning/sm_90a/tune-sm_90a-h200-*-sliced.json (2026-12-03), less the 64-thread CTAs of 16 rows
+that the epilogue's turns (178833e) admitted since (4 or 8 more configs per cell); kernels/candidates.json's `slice`
 and `slice-long` spaces hold its winners (at K = 4096 the grid's CTAs of 5 or more trips are in neither). --token-groups 2,4 at M = 16 needs the token_groups field of
 docs/experiments/token-groups.patch (16 tokens in groups of 8 or 4 against the same sliced weight fragments).
 """
@@ -70,8 +71,8 @@ def main():
     ap.add_argument(
         "--tiles",
         default=",".join(map(str, TILES)),
-        help="comma list of MMA tiles per warp (default 1,2,4, the 2026-12-03 grid; 8 gives CTAs of more outputs "
-        "than threads, whose sliced epilogue stores them in turns)",
+        help="comma list of MMA tiles per warp (default 1,2,4; 8 gives 32-row CTAs of 2 slices, more outputs than "
+        "threads at M >= 8, which the sliced epilogue stores in turns)",
     )
     args = ap.parse_args()
     tiles_grid = tuple(int(v) for v in args.tiles.split(","))

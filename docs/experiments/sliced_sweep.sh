@@ -8,25 +8,30 @@
 #                          M = 16), one `tune prepare` (compiles) into BUNDLE/cells-SLUG-tpTP-mM, then the
 #                          patched tree's sm_90a wheel into BUNDLE/whl. BUNDLE under .device/ is ignored by git,
 #                          so a `run` call carries it (carry [".device/NAME"]).
-#   sliced_sweep.sh measure BUNDLE                  H200: install that wheel, `tune measure` every cells folder
-#                          (decode top 8, 2 passes, then the confirm step); results and logs under $OUT
+#   sliced_sweep.sh measure BUNDLE [NAME...]        H200: install that wheel, `tune measure` every cells folder
+#                          (or only cells-NAME, e.g. qwen3-8b-tp1-m16: one call per model if four run past a
+#                          call's limit) with decode top 8, 2 passes and the confirm step; results and logs under
+#                          $OUT. A folder that fails is reported and the next one still runs.
 # e.g. prepare .device/m16 llama-3.1-8b:1:16 qwen3-8b:1:16 (about 3 min of compiling per model here; 841
 # timings, about 0.5 min of H200 time before the decode phase, for Llama-3.1-8B). The runtime of an unpatched
 # wheel refuses the token_groups field, so measure needs the bundle's own wheel.
 set -euo pipefail
-usage="usage: sliced_sweep.sh prepare BUNDLE SLUG:TP:M [...] | measure BUNDLE"
+usage="usage: sliced_sweep.sh prepare BUNDLE SLUG:TP:M [...] | measure BUNDLE [NAME...]"
 cmd=${1:?$usage}
 bundle=${2:?$usage}
 PY=${PYTHON:-python}
+# prepare runs inside a worktree: a relative interpreter path (.venv/bin/python) must not move with it
+case $PY in */*) PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY") ;; esac
 case "$cmd" in
   prepare)
     shift 2
     [ $# -gt 0 ] || { echo "sliced_sweep.sh: give at least one SLUG:TP:M (e.g. llama-3.1-8b:1:16)" >&2; exit 2; }
-    root=$PWD
+    root=$(git rev-parse --show-toplevel)
     mkdir -p "$bundle"
     bundle=$(cd "$bundle" && pwd)
-    tree=$(mktemp -d)/tree
-    trap 'git -C "$root" worktree remove --force "$tree" >/dev/null 2>&1 || true' EXIT
+    scratch=$(mktemp -d)
+    tree=$scratch/tree
+    trap 'git -C "$root" worktree remove --force "$tree" >/dev/null 2>&1 || true; rm -rf "$scratch"' EXIT
     git worktree add -q --detach "$tree" HEAD
     git -C "$tree" apply "$root/docs/experiments/token-groups.patch"
     cd "$tree"
@@ -66,14 +71,27 @@ EOF
     du -sh "$bundle"
     echo "next (H200): bash docs/experiments/sliced_sweep.sh measure ${bundle#"$root"/}   (carry that folder)" ;;
   measure)
+    shift 2
     site=$(mktemp -d)/site
     python3 -m pip install -q --no-deps --no-index --target "$site" "$bundle"/whl/*.whl
-    for cells in "$bundle"/cells-*; do
+    folders=()
+    if [ $# -gt 0 ]; then
+      for name in "$@"; do folders+=("$bundle/cells-$name"); done
+    else
+      folders=("$bundle"/cells-*)
+    fi
+    failed=0
+    for cells in "${folders[@]}"; do
       name=${cells##*/cells-}
       echo "== $name ($(date +%T))"
-      PYTHONPATH=$site python3 -m skinny_gemm tune measure "$cells" \
-        --results "$OUT/tune-sm_90a-h200-$name-sliced-sweep.json" --decode-top 8 --decode-passes 2 2>&1 \
-        | tee "$OUT/tune-$name.log" | tail -40
-    done ;;
+      if ! PYTHONPATH=$site python3 -m skinny_gemm tune measure "$cells" \
+        --results "$OUT/tune-sm_90a-h200-$name-sliced-sweep.json" --decode-top 8 --decode-passes 2 \
+        >"$OUT/tune-$name.log" 2>&1; then
+        echo "== $name FAILED (its log: tune-$name.log)"
+        failed=1
+      fi
+      tail -40 "$OUT/tune-$name.log"
+    done
+    exit $failed ;;
   *) echo "sliced_sweep.sh: unknown command '$cmd' ($usage)" >&2; exit 2 ;;
 esac

@@ -33,6 +33,9 @@ CASES = [
     # sliced CTAs with more outputs than threads (m x cols > k_threads): each thread stores 2 or 3 in turns
     (KernelConfig(m=8, threads=128, k_threads=128, cols=32, slices=2, **{**MMA, "stages": 2}), 64, 4096),
     (KernelConfig(m=4, threads=32, k_threads=32, cols=20, slices=2, tail=True, **MMA), 20 + 7, 2880),
+    # ... with 4 row groups per CTA (3 turns, tails, bias), and with 4 slices (3 turns, tails)
+    (KernelConfig(m=8, threads=256, k_threads=64, cols=24, slices=2, tail=True, bias=True, **MMA), 96 + 5, 2880),
+    (KernelConfig(m=4, threads=128, k_threads=32, cols=20, slices=4, tail=True, **{**MMA, "stages": 2}), 80 + 9, 2880),
 ]
 TURNS = [c for c in CASES if c[0].slices > 1 and c[0].outputs_per_thread > 1]
 

@@ -89,6 +89,7 @@ def _mma(cfg, n, k, cta, reads, counts, stored):
     tiles = cfg.mma_tiles
     krange = k // cfg.k_step * cfg.k_step if cfg.tail else k
     tail_step = 32 * S
+    sred = {}  # sliced: (group, K-split warp, token, column, slice) -> the k of that shared-memory partial
     for warp in range(cfg.threads // WARP):
         wk, grp = warp % WK, warp // WK
         row0 = cta * cfg.cols_per_cta + grp * cfg.cols
@@ -114,27 +115,46 @@ def _mma(cfg, n, k, cta, reads, counts, stored):
                 for j in range(8):  # B column: weight row t * R + j // S at slice j % S
                     if i % S != j % S:
                         continue  # products of different slices are discarded by the epilogue
-                    tok, row = i // S, row0 + t * R + j // S
+                    tok, col = i // S, t * R + j // S
                     if tok >= cfg.m or (i >= 8 and cfg.token_loads == 1):
                         continue  # padding rows (or rows 8..15 that no lane loads)
+                    ks = []  # the k this MMA output D[i][j] sums: its four q lanes' loads
                     for q in range(4):
                         a_ks, b_ks = kpos[i % 8, q], kpos[j, q]
                         assert a_ks == b_ks, f"lanes ({i % 8},{q}) and ({j},{q}) read different k"
-                        if row < n:
-                            for kp in a_ks:
-                                if kp is not None:
-                                    counts[tok, row, kp : kp + 8] += 1
-        if S == 1:
-            if wk == 0:  # the K-split warps' sums end in warp 0 of the group, which stores them
-                for col in range(cfg.cols):
-                    if row0 + col < n or not cfg.tail:
-                        stored[:, row0 + col] += 1
-            continue
-        # sliced: the group's threads take its m x cols outputs in turns (slot = turn x k_threads + thread)
-        for lane in range(WARP):
+                        ks += [kp for kp in a_ks if kp is not None]
+                    if S > 1:
+                        # the lane holding D[i][j] writes it to sRed[grp, wk, token, column, slice], once
+                        key = (grp, wk, tok, col, j % S)
+                        assert key not in sred, f"sRed{key} written twice"
+                        sred[key] = ks
+                    elif row0 + col < n:
+                        for kp in ks:
+                            counts[tok, row0 + col, kp : kp + 8] += 1
+        if S == 1 and wk == 0:  # the K-split warps' sums end in warp 0 of the group, which stores them
+            for col in range(cfg.cols):
+                if row0 + col < n or not cfg.tail:
+                    stored[:, row0 + col] += 1
+    if S > 1:
+        _sliced_stores(cfg, n, cta, sred, counts, stored)
+
+
+def _sliced_stores(cfg, n, cta, sred, counts, stored):
+    """The sliced epilogue after its barrier: the group's threads take its m x cols outputs in turns (slot = turn x
+    k_threads + thread), each adding sRed[grp, r, token, column, slice] over the K-split warps r and the slices."""
+    WK = cfg.k_threads // WARP
+    for grp in range(cfg.groups):
+        row0 = cta * cfg.cols_per_cta + grp * cfg.cols
+        for thread in range(cfg.k_threads):
             for turn in range(cfg.outputs_per_thread):
-                slot = turn * cfg.k_threads + wk * WARP + lane
-                if slot < cfg.m * cfg.cols:
-                    tok, col = divmod(slot, cfg.cols)
-                    if row0 + col < n or not cfg.tail:
-                        stored[tok, row0 + col] += 1
+                slot = turn * cfg.k_threads + thread
+                if slot >= cfg.m * cfg.cols:
+                    continue
+                tok, col = divmod(slot, cfg.cols)
+                if row0 + col >= n and cfg.tail:
+                    continue  # the store guard: rows past N are summed, never stored
+                stored[tok, row0 + col] += 1
+                for r in range(WK):
+                    for sl in range(cfg.slices):
+                        for kp in sred.get((grp, r, tok, col, sl), []):
+                            counts[tok, row0 + col, kp : kp + 8] += 1
