@@ -11,7 +11,8 @@
 #   sliced_sweep.sh measure BUNDLE [NAME...]        H200: install that wheel, `tune measure` every cells folder
 #                          (or only cells-NAME, e.g. qwen3-8b-tp1-m16: one call per model if four run past a
 #                          call's limit) with decode top 8, 2 passes and the confirm step; results and logs under
-#                          $OUT. A folder that fails is reported and the next one still runs.
+#                          $OUT, after the bundle's new-path GPU tests (every new kernel path against float64).
+#                          A step that fails is reported, the next one still runs, and the exit status is 1.
 # e.g. prepare .device/m16 llama-3.1-8b:1:16 qwen3-8b:1:16 (about 3 min of compiling per model here; 841
 # timings, about 0.5 min of H200 time before the decode phase, for Llama-3.1-8B). The runtime of an unpatched
 # wheel refuses the token_groups field, so measure needs the bundle's own wheel.
@@ -67,6 +68,12 @@ EOF
     echo "== wheel ($(date +%T))"
     rm -rf "$bundle/whl"
     "$PY" -m pip wheel -q . --no-deps -w "$bundle/whl" -C skinny.archs=sm_90a
+    # the GPU correctness cases of the patched tree (token groups, the epilogue's turns, tails, bias) and the tests
+    # that run them, so the call checks every new kernel path against float64 before it times anything
+    echo "== new-path variants ($(date +%T))"
+    rm -rf "$bundle/new-paths" "$bundle/tests"
+    "$PY" tests/helpers/new_paths.py "$bundle/new-paths" >/dev/null
+    cp -r tests "$bundle/tests"
     git -C "$root" rev-parse HEAD > "$bundle/commit.txt"
     du -sh "$bundle"
     echo "next (H200): bash docs/experiments/sliced_sweep.sh measure ${bundle#"$root"/}   (carry that folder)" ;;
@@ -81,6 +88,16 @@ EOF
       folders=("$bundle"/cells-*)
     fi
     failed=0
+    bundle=$(cd "$bundle" && pwd)
+    tests=$(mktemp -d)/tests  # outside the checkout: the root conftest.py would put the source tree in place
+    cp -r "$bundle/tests" "$tests"
+    echo "== new-path GPU tests ($(date +%T))"
+    if ! (cd "$tests" && PYTHONPATH=$site SKINNY_TEST_NEW_PATHS=$bundle/new-paths \
+      python3 -m pytest gpu/test_runtime_gpu.py -k new_paths -q -p no:cacheprovider -rA) >"$OUT/gpu-new-paths.log" 2>&1; then
+      echo "== new-path GPU tests FAILED (gpu-new-paths.log)"
+      failed=1
+    fi
+    tail -5 "$OUT/gpu-new-paths.log"
     for cells in "${folders[@]}"; do
       name=${cells##*/cells-}
       echo "== $name ($(date +%T))"
