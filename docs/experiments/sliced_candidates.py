@@ -1,6 +1,7 @@
 """Plan files whose entries are sliced "mma" candidates, for `tune prepare --from-plans` (CPU).
 
     python docs/experiments/sliced_candidates.py OUTDIR N,K [N,K ...] [--m 8] [--token-groups 1] [--tiles 1,2,4]
+        [--token-stages 0]
 
 Per (N, K) at the given M: every valid sliced config (kind "mma", slices S with M / G x S <= 16 for token groups
 G, CTAs of 64-512 threads that split K over all their warps, 1, 2 or 4 tiles (`--tiles`) of 8 / S rows, 2, 4 or 8 register
@@ -29,11 +30,14 @@ FETCH = (0, 128)
 SLICES = (2, 4, 8)
 
 
-def configs(n: int, k: int, m: int, groups: list[int], tiles_grid=TILES) -> list[KernelConfig]:
+def configs(n: int, k: int, m: int, groups: list[int], tiles_grid=TILES, lead=(0,)) -> list[KernelConfig]:
     """Every valid config of the grid for one cell, in grid order."""
     found = []
-    for g, s, t, tiles, st, fetch, pdl in product(groups, SLICES, THREADS, tiles_grid, STAGES, FETCH, (True, False)):
+    grid = product(groups, SLICES, THREADS, tiles_grid, STAGES, FETCH, (True, False), lead)
+    for g, s, t, tiles, st, fetch, pdl, ts in grid:
         extra = {"token_groups": g} if g != 1 else {}
+        if ts:
+            extra["token_stages"] = ts
         try:
             cfg = KernelConfig(
                 m=m,
@@ -74,7 +78,16 @@ def main():
         help="comma list of MMA tiles per warp (default 1,2,4; 8 gives 32-row CTAs of 2 slices, more outputs than "
         "threads at M >= 8, which the sliced epilogue stores in turns)",
     )
+    ap.add_argument(
+        "--token-stages",
+        default="0",
+        help="comma list of the tokens' register buffers (default 0: as many as the weight's stages; others need "
+        "docs/experiments/token-stages.patch on top of token-groups.patch)",
+    )
     args = ap.parse_args()
+    lead = tuple(int(v) for v in args.token_stages.split(","))
+    if lead != (0,) and "token_stages" not in KernelConfig.__dataclass_fields__:
+        sys.exit("sliced_candidates.py: --token-stages needs the field: git apply docs/experiments/token-stages.patch")
     tiles_grid = tuple(int(v) for v in args.tiles.split(","))
     groups = [int(v) for v in args.token_groups.split(",")]
     if groups != [1] and "token_groups" not in KernelConfig.__dataclass_fields__:
@@ -82,7 +95,7 @@ def main():
     files: list[list[dict]] = []
     for a in args.cells:
         n, k = (int(v) for v in a.split(","))
-        found = configs(n, k, args.m, groups, tiles_grid)
+        found = configs(n, k, args.m, groups, tiles_grid, lead)
         print(f"{n}x{k} M={args.m}: {len(found)} configs")
         add_cell(files, found, n, k, args.m, "sliced candidate")
     written = write_plans(Path(args.out), files, "sl", "sliced candidates")

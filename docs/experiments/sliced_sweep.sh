@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Sliced "mma" sweeps in the served step, bundled for one H200 call: sliced tiles at M = 8 (the 2026-12-03 runs'
-# grid) and at M = 16 with the tokens in groups of 8 or 4 (docs/experiments/token-groups.patch; perf.md, Next 0),
+# grid) and at M = 16 with the tokens in groups of 8 or 4 (docs/experiments/token-groups.patch; perf.md, Next 0)
+# and their register buffers as deep as the weight's or 2 (docs/experiments/token-stages.patch, on top),
 # each timed beside the committed plan's configs and the model's last sliced / ring2 run's fastest, cuBLAS
 # competing in every cell. From the repository root:
-#   sliced_sweep.sh prepare BUNDLE SLUG:TP:M [...]   CPU: a worktree of HEAD with the patch applied, per spec
-#                          the candidates of each (N, K) the model has at that TP (token groups 2 and 4 at
-#                          M = 16), one `tune prepare` (compiles) into BUNDLE/cells-SLUG-tpTP-mM, then the
+#   sliced_sweep.sh prepare BUNDLE SLUG:TP:M [...]   CPU: a worktree of HEAD with both patches, per spec
+#                          the candidates of each (N, K) the model has at that TP (token groups 2 and 4 and
+#                          token stages 2 at M = 16), one `tune prepare` (compiles) into BUNDLE/cells-SLUG-tpTP-mM, then the
 #                          patched tree's sm_90a wheel into BUNDLE/whl. BUNDLE under .device/ is ignored by git,
 #                          so a `run` call carries it (carry [".device/NAME"]).
 #   sliced_sweep.sh measure BUNDLE [NAME...]        H200: install that wheel, `tune measure` every cells folder
@@ -35,14 +36,15 @@ case "$cmd" in
     trap 'git -C "$root" worktree remove --force "$tree" >/dev/null 2>&1 || true; rm -rf "$scratch"' EXIT
     git worktree add -q --detach "$tree" HEAD
     git -C "$tree" apply "$root/docs/experiments/token-groups.patch"
+    git -C "$tree" apply "$root/docs/experiments/token-stages.patch"
     cd "$tree"
     for spec in "$@"; do
       IFS=: read -r slug tp m <<<"$spec"
       [ -n "$m" ] || { echo "sliced_sweep.sh: '$spec' is not SLUG:TP:M" >&2; exit 2; }
       name=$slug-tp$tp-m$m
-      groups=1
-      [ "$m" -gt 8 ] && groups=2,4
-      echo "== $name: candidates, token groups $groups ($(date +%T))"
+      groups=1 lead=0
+      [ "$m" -gt 8 ] && groups=2,4 lead=0,2
+      echo "== $name: candidates, token groups $groups, token stages $lead ($(date +%T))"
       shapes=$("$PY" - "$slug" "$tp" <<'EOF'
 import json, sys
 slug, tp = sys.argv[1:]
@@ -53,7 +55,7 @@ EOF
       [ -n "$shapes" ] || { echo "sliced_sweep.sh: kernels/models/$slug.json has no linear at TP $tp" >&2; exit 2; }
       rm -rf "$bundle/plans-$name" "$bundle/cells-$name"
       "$PY" docs/experiments/sliced_candidates.py "$bundle/plans-$name" $shapes --m "$m" --token-groups "$groups" \
-        --tiles 1,2,4,8
+        --tiles 1,2,4,8 --token-stages "$lead"
       earlier=()
       for run in sliced ring2; do
         f=kernels/plans/tuning/sm_90a/tune-sm_90a-h200-$slug-tp$tp-$run.json
