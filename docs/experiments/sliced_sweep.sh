@@ -14,9 +14,10 @@
 #                          call's limit) with decode top 8, 2 passes and the confirm step; results and logs under
 #                          $OUT, after the bundle's new-path GPU tests (every new kernel path against float64).
 #                          A step that fails is reported, the next one still runs, and the exit status is 1.
-# e.g. prepare .device/m16 llama-3.1-8b:1:16 qwen3-8b:1:16 (about 3 min of compiling per model here; 841
-# timings, about 0.5 min of H200 time before the decode phase, for Llama-3.1-8B). The runtime of an unpatched
-# wheel refuses the token_groups field, so measure needs the bundle's own wheel.
+# e.g. prepare .device/sweep llama-3.1-8b:1:16 qwen3-8b:1:16 qwen3-32b:1:8 llama-3.1-70b:4:8 (2026-12-03: 8 min
+# of compiling here from an empty cache, 24 MB; 1938 / 1989 / 477 / 604 timings, about 3 min of H200 time before
+# the decode phases), then measure the two 8B folders in one call and the other two in the next. The runtime of
+# an unpatched wheel refuses the token_groups field, so measure needs the bundle's own wheel.
 set -euo pipefail
 usage="usage: sliced_sweep.sh prepare BUNDLE SLUG:TP:M [...] | measure BUNDLE [NAME...]"
 cmd=${1:?$usage}
