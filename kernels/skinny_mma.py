@@ -585,7 +585,7 @@ def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
     # the group's k_threads threads take its M * cols outputs in turns: first, first + k_threads, ...
     # (more than one each lets a CTA hold more rows per token read: tokens cost M / cols of the weight's bytes)
     for o in cutlass.range_constexpr(cfg.outputs_per_thread):
-        slot = first if o == 0 else first + o * cfg.k_threads
+        slot = first + o * cfg.k_threads
         if slot < M * cfg.cols:
             tok = slot // cfg.cols
             col = slot % cfg.cols
