@@ -11,6 +11,10 @@ from skinny_gemm.kernels.config import KernelConfig
 from skinny_gemm.runtime import modelfile
 
 GLM = modelfile.MODELS_DIR / "glm-5.3-flash.json"
+# the H200's sliced M = 8 run of Llama-3.1-8B (2026-12-03): real tuner results for --from-results
+LLAMA_SLICED = (
+    build.PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a" / "tune-sm_90a-h200-llama-3.1-8b-tp1-sliced.json"
+)
 
 
 @pytest.fixture
@@ -178,10 +182,7 @@ def test_a_catalogue_step_runs_the_models_bf16_linears_as_gemms():
 
 def test_from_results_adds_each_cells_fastest_exact_candidates(compiled, tmp_path):
     """--from-results: per cell the --best fastest candidates with no bad element, beside the plans' configs."""
-    src = (
-        build.PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a" / "tune-sm_90a-h200-llama-3.1-8b-tp1-sliced.json"
-    )
-    data = json.loads(src.read_text())
+    data = json.loads(LLAMA_SLICED.read_text())
     row = next(r for r in data["cells"] if (r["n"], r["k"], r["m"]) == (28672, 4096, 8))
     ranked = sorted(row["candidates"], key=lambda nm: row["candidates"][nm]["us"])
     # the fastest candidate made wrong: it must not be taken
@@ -218,11 +219,8 @@ def test_from_results_adds_each_cells_fastest_exact_candidates(compiled, tmp_pat
 
 
 def test_from_results_refuses_a_cut_and_best_alone_in_one_line(compiled, tmp_path, capsys):
-    src = (
-        build.PACKAGE_ROOT / "kernels" / "plans" / "tuning" / "sm_90a" / "tune-sm_90a-h200-llama-3.1-8b-tp1-sliced.json"
-    )
     args = ["tune", "prepare", "--model", "llama-3.1-8b", "--tp", "1", "--m", "8", "--out", str(tmp_path / "o")]
-    assert cli.main([*args, "--from-results", str(src), "--top", "4"]) == 2
+    assert cli.main([*args, "--from-results", str(LLAMA_SLICED), "--top", "4"]) == 2
     err = capsys.readouterr().err
     assert "--top does not apply" in err and err.count("\n") == 1
     assert cli.main([*args, "--best", "3"]) == 2
