@@ -46,14 +46,20 @@ case "$cmd" in
       groups=1 lead=0
       [ "$m" -gt 8 ] && groups=2,4 lead=0,2
       echo "== $name: candidates, token groups $groups, token stages $lead ($(date +%T))"
+      # the model's candidate (N, K) at that TP, as the catalogue reader gives them (aot/models.py)
       shapes=$("$PY" - "$slug" "$tp" <<'EOF'
-import json, sys
-slug, tp = sys.argv[1:]
-lin = json.load(open(f"kernels/models/{slug}.json"))["linears"]
-print(" ".join(sorted({"%d,%d" % tuple(v["tp"][tp]) for v in lin.values() if tp in v.get("tp", {})})))
+import sys
+sys.path.insert(0, "aot")
+import source_tree
+
+source_tree.register(run_init=False)
+from skinny_gemm.aot import models
+
+slug, tp = sys.argv[1], int(sys.argv[2])
+print(" ".join(f"{n},{k}" for n, k in sorted(models.shapes(models.load(slug), tp))))
 EOF
 )
-      [ -n "$shapes" ] || { echo "sliced_sweep.sh: kernels/models/$slug.json has no linear at TP $tp" >&2; exit 2; }
+      [ -n "$shapes" ] || { echo "sliced_sweep.sh: kernels/models/$slug.json has no candidate shape at TP $tp" >&2; exit 2; }
       rm -rf "$bundle/plans-$name" "$bundle/cells-$name"
       "$PY" docs/experiments/sliced_candidates.py "$bundle/plans-$name" $shapes --m "$m" --token-groups "$groups" \
         --tiles 1,2,4,8 --token-stages "$lead"
