@@ -15,7 +15,7 @@
 #                          $OUT, after the bundle's new-path GPU tests (every new kernel path against float64).
 #                          A step that fails is reported, the next one still runs, and the exit status is 1.
 # e.g. prepare .device/sweep llama-3.1-8b:1:16 qwen3-8b:1:16 qwen3-32b:1:8 llama-3.1-70b:4:8 (2026-12-03: 8 min
-# of compiling here from an empty cache, 24 MB; 1938 / 1989 / 477 / 604 timings, about 3 min of H200 time before
+# of compiling here from an empty cache, 24 MB; 1938 / 1989 / 477 / 604 timings, about 3 min of H200 time by tune prepare's estimate before
 # the decode phases), then measure the two 8B folders in one call and the other two in the next. The runtime of
 # an unpatched wheel refuses the token_groups field, so measure needs the bundle's own wheel.
 set -euo pipefail
