@@ -215,7 +215,11 @@ def add_arguments(p) -> None:
     v.add_argument("--decode-tokens", type=int, default=64, help="decode steps TPOT is taken over (default 64)")
     v.add_argument("--reps", type=int, default=3, help="timed generates per batch size, median (default 3)")
     v.add_argument("--eager", action="store_true", help="enforce_eager=True (no torch.compile, no CUDA graphs)")
-    v.add_argument("--profile", action="store_true", help="profile the first off and on engines' decode kernels")
+    v.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile the first off and on engines' decode kernels at the largest batch size",
+    )
     v.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="vLLM's (default 0.8)")
     p.set_defaults(func=main)
 

@@ -14,8 +14,9 @@ profiler see the model's own calls. In each process:
   D = ``--decode-tokens``, the median of ``--reps``;
 - the plugin's counters after warm-up and after the timed runs
   (skinny_gemm.counters: launches and fallbacks per (N, K, M));
-- with ``--profile``, the GPU kernels of D decode steps at batch 1 (torch
-  profiler): how many were ours (``skinny_*``) and how many other GEMMs.
+- with ``--profile``, the GPU kernels of D decode steps at the largest batch
+  size asked (torch profiler; the frontier, where a kernel of ours is likeliest
+  to be missing): how many were ours (``skinny_*``) and how many other GEMMs.
 
 Writes vllm.json, vllm.md and vllm.png under --out.
 """
@@ -178,7 +179,8 @@ def engine_main(spec_path: str) -> None:
         print(f"  {spec['arm']} batch {batch}: TPOT {statistics.median(samples):.3f} ms", flush=True)
     result["counters_timed"] = sg.counters(reset=True) if sg else None
     if spec["profile"]:
-        result["profile"] = _profile(lambda: run(1, 1 + spec["decode_tokens"]), spec["decode_tokens"])
+        top = max(spec["batches"])
+        result["profile"] = _profile(lambda: run(top, 1 + spec["decode_tokens"]), spec["decode_tokens"], top)
     result["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     Path(spec["out"]).write_text(json.dumps(result, indent=1, sort_keys=True))
 
@@ -191,8 +193,8 @@ def _skinny_gemm():
     return skinny_gemm if vllm_plugin.enabled() else None
 
 
-def _profile(fn, steps: int) -> dict:
-    """GPU kernels of one generate of ``steps`` decode steps at batch 1: per name, and ours vs other GEMMs."""
+def _profile(fn, steps: int, batch: int) -> dict:
+    """GPU kernels of one generate of ``steps`` decode steps at ``batch``: per name, and ours vs other GEMMs."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -208,7 +210,7 @@ def _profile(fn, steps: int) -> dict:
         if any(g in name.lower() for g in OTHER_GEMM) and not any(x in name.lower() for x in NOT_GEMM)
     )
     top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
-    return {"steps": steps, "skinny_kernels": ours, "other_gemm_kernels": other, "top_kernels": top}
+    return {"batch": batch, "steps": steps, "skinny_kernels": ours, "other_gemm_kernels": other, "top_kernels": top}
 
 
 # ---- the section: alternating arms ---------------------------------------------------------------------------
@@ -318,7 +320,7 @@ def markdown(data: dict) -> str:
         if a.get("profile"):
             p = a["profile"]
             lines.append(
-                f"Profile, plugin {a['arm']}, one generate at batch 1 (its prefill and {p['steps']} decode "
+                f"Profile, plugin {a['arm']}, one generate at batch {p.get('batch', 1)} (its prefill and {p['steps']} decode "
                 f"steps): {p['skinny_kernels']} "
                 f"skinny kernels, {p['other_gemm_kernels']} other GEMM kernels"
             )

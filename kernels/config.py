@@ -63,10 +63,12 @@ MMA_A_ROWS = 16
 # wholly inside K or wholly past it, so a load is either taken or replaced by zeros).
 TAIL_K_GRAIN = 8
 # Fields newer than the committed plan tables, and their defaults: to_json leaves them out when off.
-QUIET_FIELDS = {"bias": False, "tail": False, "ring": False}
+QUIET_FIELDS = {"bias": False, "tail": False, "ring": False, "token_groups": 1, "token_stages": 0}
 # "mma" with ``ring``: a 16-byte cp.async slot per lane, per stage, unrolled step and operand (each weight
 # tile, each token load); a warp's slots of one operand are 32 x 16 = 512 contiguous bytes.
 RING_SLOT = 16
+# Token groups of a sliced "mma" tile: the A side holds m / token_groups tokens x slices.
+TOKEN_GROUPS = (1, 2, 4)
 
 
 class ConfigError(ValueError):
@@ -149,6 +151,14 @@ class KernelConfig:
     # so the bytes in flight cost no registers (on the H200 the register pipeline's 2-8 stages lost
     # 2-22 us per down_proj call inside the served step, the deep TMA rings of cuBLAS and "wgmma" none)
     ring: bool = False
+    # mma with slices: the tokens run in this many groups of m / token_groups, each with its own A fragments
+    # against the same weight fragments, so 16 tokens fit sliced tiles (m / token_groups * slices <= 16): the
+    # unsliced tiles 16 tokens need load 8 rows x 64 B per warp and ran 38720x4096 at 82% of 4.8 TB/s (M=4, sliced: 93%)
+    token_groups: int = 1
+    # mma without ring: the tokens' register buffers (0: ``stages``, like the weight's). Tokens are L1/L2 reads, so
+    # fewer stages ahead than the weight's HBM reads may do; each one fewer frees 4 x token_loads x token_groups
+    # registers per step (at M = 16 in 2 groups, 4 stages: 64 of the 184 a 16-row CTA holds are tokens in flight)
+    token_stages: int = 0
 
     @property
     def groups(self) -> int:
@@ -216,11 +226,15 @@ class KernelConfig:
                 "4*tiles + unroll*(4*tiles + 4*token_loads) (ring)",
             )
         if self.kind == "mma":
-            # accumulators (4 per tile) + per buffered step: 4 weight words per tile + 4 words per token load
-            # (unsliced: tiles = cols / 8 and one token load, i.e. cols/2 + stages*unroll*(cols/2 + 4))
+            # accumulators (4 per tile and token group) + per buffered step: 4 weight words per tile + 4 words per
+            # token load and group (unsliced: tiles = cols / 8, one group and one token load, i.e.
+            # cols/2 + stages*unroll*(cols/2 + 4))
+            G = self.token_groups
             return (
-                4 * self.mma_tiles + self.stages * self.unroll * (4 * self.mma_tiles + 4 * self.token_loads),
-                "4*tiles + stages*unroll*(4*tiles + 4*token_loads)",
+                4 * self.mma_tiles * G
+                + self.stages * self.unroll * 4 * self.mma_tiles
+                + self.x_stages * self.unroll * 4 * self.token_loads * G,
+                "4*tiles*token_groups + stages*unroll*4*tiles + token_stages*unroll*4*token_loads*token_groups",
             )
         regs = self.m * self.cols + self.unroll * (self.cols + self.m) * self.vec // 2
         if not self.persist:
@@ -243,9 +257,15 @@ class KernelConfig:
         return -(-self.m * self.cols // self.k_threads)
 
     @property
+    def x_stages(self) -> int:
+        """The tokens' register buffers ("mma"): ``token_stages``, or ``stages`` when it is 0."""
+        return self.token_stages or self.stages
+
+    @property
     def token_loads(self) -> int:
-        """Token loads per lane and step ("mma"): 2 once the m x slices rows of the A side pass its first 8."""
-        return 2 if self.m * self.slices > MMA_ROWS else 1
+        """Token loads per lane, step and token group ("mma"): 2 once a group's tokens x slices rows of the A side
+        pass its first 8."""
+        return 2 if self.m // self.token_groups * self.slices > MMA_ROWS else 1
 
     @property
     def mma_smem(self) -> int:
@@ -308,6 +328,8 @@ class KernelConfig:
             f"{f'_f{self.fetch}' if self.fetch != 256 else ''}{f'_x{self.split}' if self.split != 1 else ''}"
             f"{f'_p{self.persist}' if self.persist else ''}{f'_sl{self.slices}' if self.slices != 1 else ''}"
             f"{'_b' if self.bias else ''}{'_t' if self.tail else ''}{'_r' if self.ring else ''}"
+            f"{f'_tg{self.token_groups}' if self.token_groups != 1 else ''}"
+            f"{f'_ts{self.token_stages}' if self.token_stages else ''}"
         )
 
     @property
@@ -390,6 +412,8 @@ _FIELD_RULES = (
     ("persist", "persist", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = one CTA per row group)"),
     ("slices", "slices", lambda v: _is_int(v) and v in SLICES, f"one of {SLICES}"),
     ("static_k", "static k", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = K at run time)"),
+    ("token_groups", "token groups", lambda v: _is_int(v) and v in TOKEN_GROUPS, f"one of {TOKEN_GROUPS}"),
+    ("token_stages", "token stages", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = stages)"),
 )
 
 
@@ -423,11 +447,23 @@ def _option_rules(c: KernelConfig) -> None:
             f"rule 'm range': m={c.m} exceeds {limit}"
             + (" for kind 'bulk' (a lane loads one token: A rows 8..15 stay zero)" if c.kind == "bulk" else "")
         )
-    if c.slices != 1 and (c.kind != "mma" or c.split != 1 or c.m * c.slices > MMA_A_ROWS):
+    if c.token_groups != 1 and (c.slices == 1 or c.ring or c.m % c.token_groups or c.m // c.token_groups < 2):
         raise ConfigError(
-            f"rule 'slices': slices={c.slices} needs kind 'mma', split 1 and m*slices <= {MMA_A_ROWS} "
-            f"(kind={c.kind!r}, split={c.split}, m={c.m}): the A side's {MMA_A_ROWS} rows hold "
-            "every token at every slice"
+            f"rule 'token groups': token_groups={c.token_groups} needs slices > 1, no ring and m a multiple of it "
+            f"with at least 2 tokens per group (slices={c.slices}, ring={c.ring}, m={c.m}): the groups share "
+            "sliced weight fragments held in registers"
+        )
+    if c.token_stages and (c.kind != "mma" or c.ring or c.token_stages >= c.stages or c.stages % c.token_stages):
+        raise ConfigError(
+            f"rule 'token stages': token_stages={c.token_stages} needs kind 'mma' without ring and a proper divisor "
+            f"of stages={c.stages} (kind={c.kind!r}, ring={c.ring}): a trip's D steps index the token buffers "
+            "statically (0 = as many as stages)"
+        )
+    if c.slices != 1 and (c.kind != "mma" or c.split != 1 or c.m // c.token_groups * c.slices > MMA_A_ROWS):
+        raise ConfigError(
+            f"rule 'slices': slices={c.slices} needs kind 'mma', split 1 and m/token_groups*slices <= {MMA_A_ROWS} "
+            f"(kind={c.kind!r}, split={c.split}, m={c.m}, token_groups={c.token_groups}): the A side's "
+            f"{MMA_A_ROWS} rows hold every token of a group at every slice"
         )
     if c.tail and (c.kind not in ("simt", "mma") or c.split != 1 or c.persist or c.static_k):
         raise ConfigError(

@@ -181,10 +181,12 @@ class SkinnyMma(Launcher):
             # Padding tokens (>= M) read token 0 and are zeroed by their mask, as in the unsliced branch.
             # (The A row g + 8 pointer is dead code unless token_loads is 2; ptxas drops it. Building it
             # in this order keeps the planned sliced cubins byte-identical to the ones tested on the H200.)
+            # With token groups the A rows hold one group's MG tokens; group h's tokens start at token h * MG.
+            MG = M // cfg.token_groups
             tok = g // S
-            keep = ((cutlass.Int32(M - 1) - tok) >> 31) ^ cutlass.Int32(-1)
+            keep = ((cutlass.Int32(MG - 1) - tok) >> 31) ^ cutlass.Int32(-1)
             tok2 = (g + MMA_ROWS) // S
-            keep2 = ((cutlass.Int32(M - 1) - tok2) >> 31) ^ cutlass.Int32(-1)
+            keep2 = ((cutlass.Int32(MG - 1) - tok2) >> 31) ^ cutlass.Int32(-1)
             w_lane = cute.recast_ptr(w, dtype=cutlass.Int32) + cute.assume((row0 + g // S) * r_half + koff, divby=4)
             a_lane = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((tok & keep) * r_half + koff, divby=4)
             a_lane2 = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((tok2 & keep2) * r_half + koff, divby=4)
@@ -201,8 +203,15 @@ class SkinnyMma(Launcher):
                 a_lane2 = cute.recast_ptr(a, dtype=cutlass.Int32) + cute.assume((tok2 & keep2) * r_half + koff, divby=4)
             else:
                 keep2, a_lane2 = keep, a_lane  # unused: A rows 8..15 are zero
-        # (pointer, mask) of A row g's token, then of A row g + 8's (read only when token_loads is 2)
-        tokens = (a_lane, keep, a_lane2, keep2)
+        # (pointer, mask) of A row g's token, then of A row g + 8's (read only when token_loads is 2), then
+        # token groups 1.. as (A row g, A row g + 8) pointer pairs, MG tokens further each (same masks)
+        more = []
+        if cutlass.const_expr(cfg.token_groups > 1):
+            more = [
+                (a_lane + cute.assume(h * MG * r_half, divby=4), a_lane2 + cute.assume(h * MG * r_half, divby=4))
+                for h in range(1, cfg.token_groups)
+            ]
+        tokens = (a_lane, keep, a_lane2, keep2, more)
         if cutlass.const_expr(cfg.tail):
             # Per tile, this lane's weight row from K = 0, clamped to N - 1: rows past N are read, never stored.
             R = MMA_ROWS // S
@@ -222,15 +231,19 @@ class SkinnyMma(Launcher):
         else:
             # (stage buffer, step, tile, word) i32: 8 k of weight row g (g // S with slices) per step and tile
             wbuf = cute.make_rmem_tensor((D, cfg.unroll, TILES, 4), cutlass.Int32)
-            # (stage buffer, step, word) i32: 8 k of token g, then (second load) of A row g + 8's token
-            xbuf = cute.make_rmem_tensor((D, cfg.unroll, 4 * cfg.token_loads), cutlass.Int32)
-        acc = cute.make_rmem_tensor((TILES, 4), cutlass.Float32)  # (tile, c0..c3) MMA accumulators
+            # (stage buffer, step, word) i32: per token group, 8 k of A row g's token, then (second load) of A
+            # row g + 8's
+            xbuf = cute.make_rmem_tensor(
+                (cfg.x_stages, cfg.unroll, 4 * cfg.token_loads * cfg.token_groups), cutlass.Int32
+            )
+        # (token group x tile, c0..c3) MMA accumulators
+        acc = cute.make_rmem_tensor((TILES * cfg.token_groups, 4), cutlass.Float32)
         acc.fill(0.0)
 
         prefetch_weight(cfg, w, tidx, bidx * cfg.cols_per_cta, kk, n)
         # The fill (every buffer but one), the trips, the peeled last trip: ``pipeline``'s order (the weight may be read before the
         # PDL wait, the tokens not; the last trip has no refill to guard).
-        first, _, peeled = pipeline(D)
+        first, _, peeled = pipeline(D, cfg.x_stages)
         ops = (w_lane, tokens, wbuf, xbuf, acc, r_half)
         self.run(first, FILL, 0, ops)
         if cutlass.const_expr(cfg.static_k > 0):
@@ -253,7 +266,7 @@ class SkinnyMma(Launcher):
     def trip(self, w_lane, tokens, wbuf, xbuf, acc, t, r_half):
         """One K-loop trip: for each buffer j, refill the buffer freed one step earlier, then multiply j."""
         D = self.cfg.stages
-        self.run(pipeline(D)[1], TRIP, t, (w_lane, tokens, wbuf, xbuf, acc, r_half))
+        self.run(pipeline(D, self.cfg.x_stages)[1], TRIP, t, (w_lane, tokens, wbuf, xbuf, acc, r_half))
 
     def run(self, steps, part, at, ops):
         """Trace one part of ``pipeline``'s order (a plain method: every branch is on the order's constants, at
@@ -263,9 +276,11 @@ class SkinnyMma(Launcher):
         for op, *args in steps:
             if op in (WEIGHT, TOKEN):
                 # the stage: the fill's own; t*D + j + D - 1 for a trip's refill before buffer j (written in
-                # this order so the planned cubins stay byte-identical); the peeled trip's single refill is
-                # the last stage
+                # this order so the planned cubins stay byte-identical; a token refill token_stages ahead is
+                # t*D + j + token_stages - 1); the peeled trip's refills are its last stages, the weight's the last
                 stage = args[1] if part == FILL else t_stage(at, args[1] - D + 1, D) if part == TRIP else at
+                if part == LAST and args[1] != D - 1:
+                    stage = at - (D - 1 - args[1])
                 if op == WEIGHT:
                     self.load_weight(w_lane, wbuf, args[0], stage, r_half)
                 else:
@@ -307,7 +322,8 @@ class SkinnyMma(Launcher):
     def load_token(self, tokens, xbuf, buf, stage):
         """Issue stage ``stage``'s token loads into buffer ``buf``: per step, 8 k of each A row's token (L1 hits but the first)."""
         cfg = self.cfg
-        a_lane, _, a_lane2, _ = tokens
+        a_lane, _, a_lane2, _, more = tokens
+        TL = cfg.token_loads
         for u in cutlass.range_constexpr(cfg.unroll):
             off = cute.assume((stage * cfg.unroll + u) * 16 * cfg.slices, divby=4)
             if cutlass.const_expr(cfg.ring):
@@ -316,13 +332,14 @@ class SkinnyMma(Launcher):
                     dst = ring_slot(cfg, xbuf, buf, u, cfg.mma_tiles + h)
                     cute.arch.inline_ptx(CP_TOKEN_PTX, read_only_args=[dst.toint(), src.toint()])
             else:
-                v = cute.make_tensor(a_lane + off, cute.make_layout(4)).load()
-                for e in cutlass.range_constexpr(4):
-                    xbuf[buf, u, e] = v[e]
-                if cutlass.const_expr(cfg.token_loads > 1):
-                    v2 = cute.make_tensor(a_lane2 + off, cute.make_layout(4)).load()
+                for h, (p1, p2) in enumerate([(a_lane, a_lane2), *more]):
+                    v = cute.make_tensor(p1 + off, cute.make_layout(4)).load()
                     for e in cutlass.range_constexpr(4):
-                        xbuf[buf, u, 4 + e] = v2[e]
+                        xbuf[buf, u, 4 * TL * h + e] = v[e]
+                    if cutlass.const_expr(TL > 1):
+                        v2 = cute.make_tensor(p2 + off, cute.make_layout(4)).load()
+                        for e in cutlass.range_constexpr(4):
+                            xbuf[buf, u, 4 * TL * h + 4 + e] = v2[e]
 
     @cute.jit
     def tail_steps(self, w_rows, tokens, acc, kk, krange, koff, wk, g, q):
@@ -337,46 +354,53 @@ class SkinnyMma(Launcher):
         S = cfg.slices
         WK = cfg.k_threads // WARP
         STEP = MMA_K_STEP * S
-        a_lane, keep, a_lane2, keep2 = tokens
-        # the token pointers without this lane's main-loop K offset: token row starts
-        a_row = a_lane + (-koff)
-        a_row2 = a_lane2 + (-koff)
+        a_lane, keep, a_lane2, keep2, more = tokens
+        # the token pointers without this lane's main-loop K offset: token row starts (per token group)
+        rows = [(p1 + (-koff), p2 + (-koff)) for p1, p2 in [(a_lane, a_lane2), *more]]
         zero = mma_zero()
         steps = (kk - krange + (STEP - 1)) // STEP
         for s in cutlass.range(wk, steps, WK, unroll=1):
             kpos = krange + s * STEP + (g % S) * 32 + q * 8
             inside = (kpos - kk) >> 31  # all ones inside K, zero past it
             word = cute.assume((kpos // 2) & inside, divby=4)
-            xv = cute.make_tensor(a_row + word, cute.make_layout(4)).load()
-            x = [xv[e] & keep & inside for e in range(4)]
-            x2 = None
-            if cutlass.const_expr(cfg.token_loads > 1):
-                xv2 = cute.make_tensor(a_row2 + word, cute.make_layout(4)).load()
-                x2 = [xv2[e] & keep2 & inside for e in range(4)]
+            xs = []
+            for a_row, a_row2 in rows:
+                xv = cute.make_tensor(a_row + word, cute.make_layout(4)).load()
+                x = [xv[e] & keep & inside for e in range(4)]
+                x2 = None
+                if cutlass.const_expr(cfg.token_loads > 1):
+                    xv2 = cute.make_tensor(a_row2 + word, cute.make_layout(4)).load()
+                    x2 = [xv2[e] & keep2 & inside for e in range(4)]
+                xs.append((x, x2))
             for t in cutlass.range_constexpr(cfg.mma_tiles):
                 v = cute.arch.inline_ptx(
                     ldg_stream_ptx(cfg.fetch),
                     write_only_types=[cutlass.Int32] * 4,
                     read_only_args=[(w_rows[t] + word).toint()],
                 )
-                mma_pair(acc, t, x, [v[e] & inside for e in range(4)], zero, x2)
+                for h, (x, x2) in enumerate(xs):
+                    mma_pair(acc, h * cfg.mma_tiles + t, x, [v[e] & inside for e in range(4)], zero, x2)
 
     @cute.jit
     def mma_stage(self, wbuf, xbuf, acc, buf, tokens, pending):
         """Two MMAs per step and tile on buffer ``buf`` (the first waits for its loads; ring: once at most
         ``pending`` later commit groups are in flight, then read back from shared memory)."""
         cfg = self.cfg
-        _, keep, _, keep2 = tokens
+        _, keep, _, keep2, _ = tokens
+        TL = cfg.token_loads
         zero = mma_zero()
         if cutlass.const_expr(cfg.ring):
             cute.arch.inline_ptx(f"cp.async.wait_group {pending};")
+        xb = buf % cfg.x_stages  # the tokens' buffer of this step (buf itself unless token_stages is set)
         for u in cutlass.range_constexpr(cfg.unroll):
-            x = [v & keep for v in self.words(xbuf, buf, u, cfg.mma_tiles)]
-            x2 = None
-            if cutlass.const_expr(cfg.token_loads > 1):
-                x2 = [v & keep2 for v in self.words(xbuf, buf, u, cfg.mma_tiles + 1)]
-            for t in cutlass.range_constexpr(cfg.mma_tiles):
-                mma_pair(acc, t, x, self.words(wbuf, buf, u, t), zero, x2)
+            for h in cutlass.range_constexpr(cfg.token_groups):
+                # token group h's A rows: operands mma_tiles + TL * h (+ 1 for A rows g + 8)
+                x = [v & keep for v in self.words(xbuf, xb, u, cfg.mma_tiles + TL * h)]
+                x2 = None
+                if cutlass.const_expr(TL > 1):
+                    x2 = [v & keep2 for v in self.words(xbuf, xb, u, cfg.mma_tiles + TL * h + 1)]
+                for t in cutlass.range_constexpr(cfg.mma_tiles):
+                    mma_pair(acc, h * cfg.mma_tiles + t, x, self.words(wbuf, buf, u, t), zero, x2)
 
     def words(self, bufs, buf, u, part):
         """The 4 words of operand ``part`` (a tile's weight, then the token loads) at step ``u`` of buffer ``buf``:
@@ -419,26 +443,32 @@ def t_stage(t, j, D):
     return t * D + j + D - 1
 
 
-def pipeline(stages: int) -> tuple[list, list, list]:
+def pipeline(stages: int, token_stages: int | None = None) -> tuple[list, list, list]:
     """(first, trip, last): the loads, commits and MMAs of the pipeline's fill, of one K-loop trip and of the
     peeled last trip, in issue order. (WEIGHT or TOKEN, buffer, stage from the part's first), (COMMIT,),
     (PDL_WAIT,), (MMA, buffer, commit groups it lets stay pending). Without ``ring`` COMMIT is nothing and
-    an MMA waits on its registers instead of its group.
+    an MMA waits on its registers instead of its group; MMA j reads weight buffer j and token buffer
+    j % token_stages.
 
-    The fill issues stages 0..D-2: the weight before the PDL wait, the tokens after it, a commit per stage
-    (group 0 also holds every weight copy issued before the wait). Trip t refills, before multiplying
-    buffer j, the buffer freed one step earlier with stage t*D + j + D - 1. The last trip has only its
-    first refill left (the warp's last stage); buffer j's group is complete once at most the D - 1 - j
-    groups after it are pending.
+    The fill issues stages 0..D-2 (the tokens 0..X-2, X = token_stages, default D): the weight before the PDL
+    wait, the tokens after it, a commit per stage (group 0 also holds every weight copy issued before the
+    wait). Trip t refills, before multiplying buffer j, the weight buffer freed one step earlier with stage
+    t*D + j + D - 1 and the token buffer freed one step earlier with stage t*D + j + X - 1. The last trip has
+    only the refills left whose stages exist (the weight's last stage; the tokens' last X - 1); buffer j's
+    group is complete once at most the D - 1 - j groups after it are pending (with X = D).
     """
     D = stages
+    X = token_stages or D
     first = [(WEIGHT, j, j) for j in range(D - 1)] + [(PDL_WAIT,)]
-    first += [op for j in range(D - 1) for op in ((TOKEN, j, j), (COMMIT,))]
+    first += [op for j in range(X - 1) for op in ((TOKEN, j, j), (COMMIT,))]
     trip = []
     for j in range(D):
-        buf = (j + D - 1) % D
-        trip += [(WEIGHT, buf, j + D - 1), (TOKEN, buf, j + D - 1), (COMMIT,), (MMA, j, D - 1)]
-    last = [(WEIGHT, D - 1, D - 1), (TOKEN, D - 1, D - 1), (COMMIT,)] + [(MMA, j, D - 1 - j) for j in range(D)]
+        trip += [(WEIGHT, (j + D - 1) % D, j + D - 1), (TOKEN, (j + X - 1) % X, j + X - 1), (COMMIT,), (MMA, j, D - 1)]
+    last = [(WEIGHT, D - 1, D - 1)]
+    for j in range(D):
+        if j + X - 1 <= D - 1:
+            last += [(TOKEN, (j + X - 1) % X, j + X - 1), (COMMIT,)]
+        last.append((MMA, j, D - 1 - j))
     return first, trip, last
 
 
@@ -572,14 +602,18 @@ def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
             (cfg.groups, WK, M, cfg.cols, S), stride=(WK * M * cfg.cols * S, M * cfg.cols * S, cfg.cols * S, S, 1)
         ),
     )
-    for t in cutlass.range_constexpr(cfg.mma_tiles):
-        for h in cutlass.range_constexpr(cfg.token_loads):
-            for e in cutlass.range_constexpr(2):
-                i = g + MMA_ROWS * h
-                j = 2 * q + e
-                if i % S == j % S:
-                    if i // S < M:
-                        sRed[grp, wk, i // S, t * (MMA_ROWS // S) + j // S, j % S] = acc[t, 2 * h + e]
+    MG = M // cfg.token_groups  # tokens per group: group hg's A row i is token hg * MG + i // S
+    for hg in cutlass.range_constexpr(cfg.token_groups):
+        for t in cutlass.range_constexpr(cfg.mma_tiles):
+            for h in cutlass.range_constexpr(cfg.token_loads):
+                for e in cutlass.range_constexpr(2):
+                    i = g + MMA_ROWS * h
+                    j = 2 * q + e
+                    if i % S == j % S:
+                        if i // S < MG:
+                            sRed[grp, wk, hg * MG + i // S, t * (MMA_ROWS // S) + j // S, j % S] = acc[
+                                hg * cfg.mma_tiles + t, 2 * h + e
+                            ]
     cute.arch.sync_threads()
     first = wk * WARP + lane  # this thread's place in its group
     # the group's k_threads threads take its M * cols outputs in turns: first, first + k_threads, ...

@@ -11,7 +11,7 @@ the repository root. The 2026-12-02 runs (docs/perf.md):
   python docs/experiments/plan_ab.py .device/warm --served 1,2,4=base,w1,w2 8,16=base,pdlon,iso \
       --alone base,pdlon,iso --alone-ms 8 16 --out $OUT/ab2.json
   # docs/results/token-groups-m16-ab-h200.*: G = the M=16 entries of docs/experiments/m16-token-groups-plan.json
-  # (docs/experiments/token-groups.patch applied)
+  # (built when token_groups was still a patch; the field is on main since 2026-12-03)
   python docs/experiments/plan_ab.py .device/g --served 16=base,G --alone base,G --alone-ms 16 --out $OUT/ab_g.json
 
 The token-groups run used a copy of the first run's script with its names and M set in place; this one takes them

@@ -10,12 +10,12 @@ stages, L2 fetch 0 or 128 B, PDL on and off), into OUTDIR/sl-<i>.json, one confi
 them beside the committed configs. At M = 8 (slices 2) this grid made the candidates of
 kernels/plans/tuning/sm_90a/tune-sm_90a-h200-*-sliced.json (2026-12-03), less the 64-thread CTAs of 16 rows
 that the epilogue's turns (178833e) admitted since (4 or 8 more configs per cell); kernels/candidates.json's `slice`
-and `slice-long` spaces hold its winners (at K = 4096 the grid's CTAs of 5 or more trips are in neither). --token-groups 2,4 at M = 16 needs the token_groups field of
-docs/experiments/token-groups.patch (16 tokens in groups of 8 or 4 against the same sliced weight fragments).
+and `slice-long` spaces hold its winners (at K = 4096 the grid's CTAs of 5 or more trips are in neither). --token-groups 2,4 at M = 16 sets the token_groups
+field (16 tokens in groups of 8 or 4 against the same sliced weight fragments), --token-stages 2 the token_stages
+field (the tokens' register buffers fewer than the weight's).
 """
 
 import argparse
-import sys
 from itertools import product
 from pathlib import Path
 
@@ -70,7 +70,7 @@ def main():
     ap.add_argument(
         "--token-groups",
         default="1",
-        help="comma list of token groups (default 1; above 1 needs docs/experiments/token-groups.patch)",
+        help="comma list of token groups (default 1)",
     )
     ap.add_argument(
         "--tiles",
@@ -81,17 +81,12 @@ def main():
     ap.add_argument(
         "--token-stages",
         default="0",
-        help="comma list of the tokens' register buffers (default 0: as many as the weight's stages; others need "
-        "docs/experiments/token-stages.patch on top of token-groups.patch)",
+        help="comma list of the tokens' register buffers (default 0: as many as the weight's stages)",
     )
     args = ap.parse_args()
     lead = tuple(int(v) for v in args.token_stages.split(","))
-    if lead != (0,) and "token_stages" not in KernelConfig.__dataclass_fields__:
-        sys.exit("sliced_candidates.py: --token-stages needs the field: git apply docs/experiments/token-stages.patch")
     tiles_grid = tuple(int(v) for v in args.tiles.split(","))
     groups = [int(v) for v in args.token_groups.split(",")]
-    if groups != [1] and "token_groups" not in KernelConfig.__dataclass_fields__:
-        sys.exit("sliced_candidates.py: --token-groups needs the field: git apply docs/experiments/token-groups.patch")
     files: list[list[dict]] = []
     for a in args.cells:
         n, k = (int(v) for v in a.split(","))

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Sliced "mma" sweeps in the served step, bundled for one H200 call: sliced tiles at M = 8 (the 2026-12-03 runs'
-# grid) and at M = 16 with the tokens in groups of 8 or 4 (docs/experiments/token-groups.patch; perf.md, Next 0)
-# and their register buffers as deep as the weight's or 2 (docs/experiments/token-stages.patch, on top),
+# grid) and at M = 16 with the tokens in groups of 8 or 4 (token_groups; perf.md, Next 0)
+# and their register buffers as deep as the weight's or 2 (token_stages),
 # each timed beside the committed plan's configs and the model's last sliced / ring2 run's fastest, cuBLAS
 # competing in every cell. From the repository root:
-#   sliced_sweep.sh prepare BUNDLE SLUG:TP:M [...]   CPU: a worktree of HEAD with both patches, per spec
+#   sliced_sweep.sh prepare BUNDLE SLUG:TP:M [...]   CPU: a worktree of HEAD, per spec
 #                          the candidates of each (N, K) the model has at that TP (token groups 2 and 4 and
 #                          token stages 2 at M = 16), one `tune prepare` (compiles) into BUNDLE/cells-SLUG-tpTP-mM, then the
-#                          patched tree's sm_90a wheel into BUNDLE/whl. BUNDLE under .device/ is ignored by git,
+#                          tree's sm_90a wheel into BUNDLE/whl. BUNDLE under .device/ is ignored by git,
 #                          so a `run` call carries it (carry [".device/NAME"]).
 #   sliced_sweep.sh measure BUNDLE [NAME...]        H200: install that wheel, `tune measure` every cells folder
 #                          (or only cells-NAME, e.g. qwen3-8b-tp1-m16: one call per model if four run past a
@@ -16,8 +16,9 @@
 #                          A step that fails is reported, the next one still runs, and the exit status is 1.
 # e.g. prepare .device/sweep llama-3.1-8b:1:16 qwen3-8b:1:16 qwen3-32b:1:8 llama-3.1-70b:4:8 (2026-12-03: 8 min
 # of compiling here from an empty cache, 24 MB; 1938 / 1989 / 477 / 604 timings, about 3 min of H200 time by tune prepare's estimate before
-# the decode phases), then measure the two 8B folders in one call and the other two in the next. The runtime of
-# an unpatched wheel refuses the token_groups field, so measure needs the bundle's own wheel.
+# the decode phases; measured on the H200 the same day: 71 s for the Llama-3.1-8B folder with the new-path tests,
+# 194 s for the other three in one call), then measure. measure installs the bundle's own wheel, so the timed
+# cubins are the ones prepare compiled.
 set -euo pipefail
 usage="usage: sliced_sweep.sh prepare BUNDLE SLUG:TP:M [...] | measure BUNDLE [NAME...]"
 cmd=${1:?$usage}
@@ -36,8 +37,6 @@ case "$cmd" in
     tree=$scratch/tree
     trap 'git -C "$root" worktree remove --force "$tree" >/dev/null 2>&1 || true; rm -rf "$scratch"' EXIT
     git worktree add -q --detach "$tree" HEAD
-    git -C "$tree" apply "$root/docs/experiments/token-groups.patch"
-    git -C "$tree" apply "$root/docs/experiments/token-stages.patch"
     cd "$tree"
     for spec in "$@"; do
       IFS=: read -r slug tp m <<<"$spec"
@@ -77,7 +76,7 @@ EOF
     echo "== wheel ($(date +%T))"
     rm -rf "$bundle/whl"
     "$PY" -m pip wheel -q . --no-deps -w "$bundle/whl" -C skinny.archs=sm_90a
-    # the GPU correctness cases of the patched tree (token groups, the epilogue's turns, tails, bias) and the tests
+    # the GPU correctness cases of the tree (token groups, the epilogue's turns, tails, bias) and the tests
     # that run them, so the call checks every new kernel path against float64 before it times anything
     echo "== new-path variants ($(date +%T))"
     rm -rf "$bundle/new-paths" "$bundle/tests"

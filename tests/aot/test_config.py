@@ -164,6 +164,8 @@ def _variants(cfg):
         "bias": True,
         "tail": True,
         "ring": True,
+        "token_groups": 2,
+        "token_stages": 1,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes
@@ -273,6 +275,10 @@ def test_m_above_8_doubles_the_unsliced_reduction_buffers():
         ({**MMA, "m": 16, "threads": 128, "k_threads": 128, "cols": 8, "stages": 1, "ring": True}, "ring"),
         # 8 warps x 24 stages x (8 tiles + 2 token loads) x 512 B = 960 KB of ring
         ({**MMA, "m": 16, "threads": 256, "cols": 64, "stages": 24, "ring": True}, "shared memory"),
+        ({"m": 16, "threads": 256, "cols": 8, "token_groups": 2, **MMA}, "token groups"),  # unsliced
+        ({"m": 6, "threads": 256, "cols": 4, "slices": 2, "token_groups": 4, **MMA}, "token groups"),  # 6 % 4
+        ({"m": 16, "threads": 256, "cols": 4, "slices": 4, "token_groups": 2, **MMA}, "slices"),  # 8 x 4 rows
+        ({"m": 16, "threads": 256, "cols": 4, "slices": 2, "token_groups": 3, **MMA}, "token groups"),
     ],
 )
 def test_new_fields_name_their_rule(kwargs, rule):
@@ -407,3 +413,27 @@ def test_ring_moves_the_stages_into_dynamic_shared_memory():
     assert split.ring_smem + split.mma_smem + 1024 <= 227 * 1024
     with pytest.raises(ConfigError, match="rule 'shared memory'"):
         dataclasses.replace(split, stages=12).check()
+
+
+def test_token_groups_put_16_tokens_on_sliced_tiles():
+    """m / token_groups tokens x slices fill the A side; each group loads its own tokens and holds its accumulators."""
+    cfg = KernelConfig(
+        m=16,
+        kind="mma",
+        threads=256,
+        k_threads=256,
+        cols=8,
+        unroll=1,
+        stages=2,
+        prefetch=False,
+        slices=2,
+        token_groups=2,
+    )
+    cfg.check(n=38720, k=4096)
+    assert (cfg.mma_tiles, cfg.token_loads, cfg.name.endswith("_sl2_tg2")) == (2, 2, True)
+    one = KernelConfig(
+        m=8, kind="mma", threads=256, k_threads=256, cols=8, unroll=1, stages=2, prefetch=False, slices=2
+    )
+    # twice the accumulators and token words of the one-group tile, the same weight words
+    assert cfg.register_rule[0] == one.register_rule[0] + 4 * 2 + 2 * 4 * 2
+    assert "token_groups" not in one.to_json() and cfg.to_json()["token_groups"] == 2

@@ -36,6 +36,17 @@ CASES = [
     # ... with 4 row groups per CTA (3 turns, tails, bias), and with 4 slices (3 turns, tails)
     (KernelConfig(m=8, threads=256, k_threads=64, cols=24, slices=2, tail=True, bias=True, **MMA), 96 + 5, 2880),
     (KernelConfig(m=4, threads=128, k_threads=32, cols=20, slices=4, tail=True, **{**MMA, "stages": 2}), 80 + 9, 2880),
+    # token groups: 16 tokens on sliced tiles, the groups sharing each weight fragment
+    (KernelConfig(m=16, threads=128, k_threads=128, cols=4, slices=2, token_groups=2, tail=True, **MMA), 4 + 1, 3696),
+    (KernelConfig(m=16, threads=256, k_threads=256, cols=2, slices=4, token_groups=4, **MMA), 4, 4096),
+    (KernelConfig(m=8, threads=128, k_threads=128, cols=2, slices=4, token_groups=2, **MMA), 4, 2048),
+    (KernelConfig(m=12, threads=256, k_threads=256, cols=8, slices=2, token_groups=2, tail=True, **MMA), 8 + 3, 2880),
+    # token groups with turns: 16 tokens x 32 rows over 256 threads, the sweep's widest token-groups CTA
+    (
+        KernelConfig(m=16, threads=256, k_threads=256, cols=32, slices=2, token_groups=2, **{**MMA, "stages": 2}),
+        64,
+        4096,
+    ),
 ]
 TURNS = [c for c in CASES if c[0].slices > 1 and c[0].outputs_per_thread > 1]
 

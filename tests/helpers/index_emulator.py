@@ -86,6 +86,7 @@ def _mma(cfg, n, k, cta, reads, counts, stored):
     assert cfg.split == 1, "the emulator follows the split-1 path"
     S, WK, D, U = cfg.slices, cfg.k_threads // WARP, cfg.stages, cfg.unroll
     R = MMA_ROWS // S
+    MG = cfg.m // cfg.token_groups  # tokens per group: group h's A row i is token h * MG + i // S
     tiles = cfg.mma_tiles
     krange = k // cfg.k_step * cfg.k_step if cfg.tail else k
     tail_step = 32 * S
@@ -107,17 +108,18 @@ def _mma(cfg, n, k, cta, reads, counts, stored):
                 for kp in ks:
                     for t in range(tiles):
                         reads.read_w(_row(cfg, row0 + t * R + g // S, n), 0 if kp is None else kp, 8)
-                    for i in (g, g + 8)[: cfg.token_loads]:
-                        tok = i // S
-                        reads.read_a(tok if tok < cfg.m else 0, 0 if kp is None else kp, 8)
-        for t in range(tiles):
-            for i in range(16):  # A row: token i // S at slice i % S
+                    for h in range(cfg.token_groups):
+                        for i in (g, g + 8)[: cfg.token_loads]:
+                            tok = i // S
+                            reads.read_a(h * MG + (tok if tok < MG else 0), 0 if kp is None else kp, 8)
+        for h, t in ((h, t) for h in range(cfg.token_groups) for t in range(tiles)):
+            for i in range(16):  # A row: token h * MG + i // S at slice i % S
                 for j in range(8):  # B column: weight row t * R + j // S at slice j % S
                     if i % S != j % S:
                         continue  # products of different slices are discarded by the epilogue
-                    tok, col = i // S, t * R + j // S
-                    if tok >= cfg.m or (i >= 8 and cfg.token_loads == 1):
+                    if i // S >= MG or (i >= 8 and cfg.token_loads == 1):
                         continue  # padding rows (or rows 8..15 that no lane loads)
+                    tok, col = h * MG + i // S, t * R + j // S
                     ks = []  # the k this MMA output D[i][j] sums: its four q lanes' loads
                     for q in range(4):
                         a_ks, b_ks = kpos[i % 8, q], kpos[j, q]
