@@ -103,9 +103,11 @@ def expand(space: dict, n: int, k: int, m: int, extra: dict | None = None) -> li
 
 def resident_ctas(cfg: KernelConfig) -> int:
     """CTAs of ``cfg`` one sm_90 SM holds at once: 2048 threads, 64K registers (an estimate: the
-    config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps), and for
-    "wgmma" and "mma" rings the SM's shared memory."""
+    config's register rule plus 24 for addresses and indices, in ptxas's 8-register steps, at most a
+    launch bound's cap), and for "wgmma" and "mma" rings the SM's shared memory."""
     regs = -(-(cfg.register_rule[0] + 24) // 8) * 8
+    if cfg.min_ctas:  # the launch bound caps the allocation (ptxas spills the rest)
+        regs = min(regs, cfg.register_cap)
     return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs), smem_ctas(cfg))
 
 

@@ -39,6 +39,12 @@ class Launcher:
         shape = self.cfg.launch(n, persist=False)
         cluster = {"cluster": (shape.cluster, 1, 1)} if shape.cluster > 1 else {}
         extra = {**cluster, "smem": shape.smem} if shape.smem else cluster
+        # The launch bound (nvvm.minctasm) caps ptxas's registers. A carveout is given so the DSL does not query
+        # a GPU for the SM's shared memory at compile time: it only becomes a launch attribute of the DSL's own
+        # executor, which the runtime does not use (cubins byte-identical for any value). A Python conditional,
+        # not an `if`: inside the traced launcher an `if` is control flow that must keep `extra`'s fields.
+        bound = {"min_blocks_per_mp": self.cfg.min_ctas, "preferred_smem_carveout": -1} if self.cfg.min_ctas else {}
+        extra = {**extra, **bound}
         self.kernel(a, w, out, residual, n, k).launch(grid=(shape.grid, 1, 1), block=shape.block, **extra)
 
 

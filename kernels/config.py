@@ -63,12 +63,16 @@ MMA_A_ROWS = 16
 # wholly inside K or wholly past it, so a load is either taken or replaced by zeros).
 TAIL_K_GRAIN = 8
 # Fields newer than the committed plan tables, and their defaults: to_json leaves them out when off.
-QUIET_FIELDS = {"bias": False, "tail": False, "ring": False, "token_groups": 1, "token_stages": 0}
+QUIET_FIELDS = {"bias": False, "tail": False, "ring": False, "token_groups": 1, "token_stages": 0, "min_ctas": 0}
 # "mma" with ``ring``: a 16-byte cp.async slot per lane, per stage, unrolled step and operand (each weight
 # tile, each token load); a warp's slots of one operand are 32 x 16 = 512 contiguous bytes.
 RING_SLOT = 16
 # Token groups of a sliced "mma" tile: the A side holds m / token_groups tokens x slices.
 TOKEN_GROUPS = (1, 2, 4)
+# Threads one sm_90 SM holds at once, and the fewest registers per thread a launch bound (``min_ctas``) may
+# leave: below it the accumulators and one weight stage of a sliced M = 16 tile no longer fit without spilling.
+SM_THREADS = 2048
+MIN_CTAS_REGISTER_FLOOR = 96
 
 
 class ConfigError(ValueError):
@@ -159,6 +163,11 @@ class KernelConfig:
     # fewer stages ahead than the weight's HBM reads may do; each one fewer frees 4 x token_loads x token_groups
     # registers per step (at M = 16 in 2 groups, 4 stages: 64 of the 184 a 16-row CTA holds are tokens in flight)
     token_stages: int = 0
+    # mma: a launch bound (nvvm.minctasm): ptxas keeps a thread under 65536 / (threads x min_ctas) registers,
+    # spilling if it must, so that many CTAs stay resident per SM (0: no bound). The register kernel's HBM
+    # throughput follows the threads resident per SM (H200 ncu, gate_up 28672x4096: 512 threads 89%, 384 75%,
+    # 256 67%), and at M = 16 the token groups' registers hold a 256-thread CTA to one per SM (184 registers)
+    min_ctas: int = 0
 
     @property
     def groups(self) -> int:
@@ -257,6 +266,13 @@ class KernelConfig:
         return -(-self.m * self.cols // self.k_threads)
 
     @property
+    def register_cap(self) -> int | None:
+        """The registers per thread ``min_ctas`` leaves (ptxas allocates in steps of 8), or None without a bound."""
+        if not self.min_ctas:
+            return None
+        return SM_REGISTERS // (self.threads * self.min_ctas) // 8 * 8
+
+    @property
     def x_stages(self) -> int:
         """The tokens' register buffers ("mma"): ``token_stages``, or ``stages`` when it is 0."""
         return self.token_stages or self.stages
@@ -330,6 +346,7 @@ class KernelConfig:
             f"{'_b' if self.bias else ''}{'_t' if self.tail else ''}{'_r' if self.ring else ''}"
             f"{f'_tg{self.token_groups}' if self.token_groups != 1 else ''}"
             f"{f'_ts{self.token_stages}' if self.token_stages else ''}"
+            f"{f'_mc{self.min_ctas}' if self.min_ctas else ''}"
         )
 
     @property
@@ -414,6 +431,7 @@ _FIELD_RULES = (
     ("static_k", "static k", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = K at run time)"),
     ("token_groups", "token groups", lambda v: _is_int(v) and v in TOKEN_GROUPS, f"one of {TOKEN_GROUPS}"),
     ("token_stages", "token stages", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = stages)"),
+    ("min_ctas", "min ctas", lambda v: _is_int(v) and v >= 0, "an int >= 0 (0 = no launch bound)"),
 )
 
 
@@ -458,6 +476,17 @@ def _option_rules(c: KernelConfig) -> None:
             f"rule 'token stages': token_stages={c.token_stages} needs kind 'mma' without ring and a proper divisor "
             f"of stages={c.stages} (kind={c.kind!r}, ring={c.ring}): a trip's D steps index the token buffers "
             "statically (0 = as many as stages)"
+        )
+    if c.min_ctas and (
+        c.kind != "mma"
+        or c.min_ctas < 2
+        or c.threads * c.min_ctas > SM_THREADS
+        or c.register_cap < MIN_CTAS_REGISTER_FLOOR
+    ):
+        raise ConfigError(
+            f"rule 'min ctas': min_ctas={c.min_ctas} needs kind 'mma', at least 2 CTAs, threads x min_ctas <= "
+            f"{SM_THREADS} and {SM_REGISTERS} / (threads x min_ctas) >= {MIN_CTAS_REGISTER_FLOOR} registers "
+            f"(kind={c.kind!r}, threads={c.threads}): the bound caps each thread's registers"
         )
     if c.slices != 1 and (c.kind != "mma" or c.split != 1 or c.m // c.token_groups * c.slices > MMA_A_ROWS):
         raise ConfigError(

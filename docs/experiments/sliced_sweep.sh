@@ -2,7 +2,7 @@
 # Sliced "mma" sweeps in the served step, bundled for one H200 call: sliced tiles at M = 8 (the 2026-12-03 runs'
 # grid) and at M = 16 with the tokens in groups of 8 or 4 (token_groups; perf.md, Next 0)
 # and their register buffers as deep as the weight's or 2 (token_stages),
-# each timed beside the committed plan's configs and the model's last sliced / ring2 run's fastest, cuBLAS
+# each timed beside the committed plan's configs and the model's last sliced / ring2 / sliced-sweep run's fastest, cuBLAS
 # competing in every cell. From the repository root:
 #   sliced_sweep.sh prepare BUNDLE SLUG:TP:M [...]   CPU: a worktree of HEAD, per spec
 #                          the candidates of each (N, K) the model has at that TP (token groups 2 and 4 and
@@ -14,6 +14,8 @@
 #                          call's limit) with decode top 8, 2 passes and the confirm step; results and logs under
 #                          $OUT, after the bundle's new-path GPU tests (every new kernel path against float64).
 #                          A step that fails is reported, the next one still runs, and the exit status is 1.
+# TILES (default 1,2,4,8) and MIN_CTAS (default 0; e.g. 2,3,4 adds the launch-bound twins, perf.md Next 0) pass
+# through to sliced_candidates.py.
 # e.g. prepare .device/sweep llama-3.1-8b:1:16 qwen3-8b:1:16 qwen3-32b:1:8 llama-3.1-70b:4:8 (2026-12-03: 8 min
 # of compiling here from an empty cache, 24 MB; 1938 / 1989 / 477 / 604 timings, about 3 min of H200 time by tune prepare's estimate before
 # the decode phases; measured on the H200 the same day: 71 s for the Llama-3.1-8B folder with the new-path tests,
@@ -61,9 +63,9 @@ EOF
       [ -n "$shapes" ] || { echo "sliced_sweep.sh: kernels/models/$slug.json has no candidate shape at TP $tp" >&2; exit 2; }
       rm -rf "$bundle/plans-$name" "$bundle/cells-$name"
       "$PY" docs/experiments/sliced_candidates.py "$bundle/plans-$name" $shapes --m "$m" --token-groups "$groups" \
-        --tiles 1,2,4,8 --token-stages "$lead"
+        --tiles "${TILES:-1,2,4,8}" --token-stages "$lead" --min-ctas "${MIN_CTAS:-0}"
       earlier=()
-      for run in sliced ring2; do
+      for run in sliced ring2 "m$m-sliced-sweep"; do
         f=kernels/plans/tuning/sm_90a/tune-sm_90a-h200-$slug-tp$tp-$run.json
         [ -f "$f" ] && earlier+=("$f")
       done

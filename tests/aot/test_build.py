@@ -1,5 +1,6 @@
 """The build: entries collapse into variants, cubins match their arch, manifest last, reproducible, cached."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -171,6 +172,36 @@ def test_new_path_variants_build_with_the_shared_abi(built, tmp_path):
             kernel = info.kernels[cfg.symbol]
             assert kernel.params == [(i, off, size) for i, (_, off, size) in enumerate(PARAMS)]
             assert tuple(kernel.reqntid) == (cfg.threads, 1, 1) == variant.block
+            if cfg.min_ctas:  # the launch bound reached ptxas
+                assert kernel.registers <= cfg.register_cap, (arch, cfg.name, kernel.registers)
+
+
+def test_min_ctas_bound_caps_what_ptxas_allocates(built, tmp_path):
+    """The same tile with and without the launch bound: 184 registers (one 256-thread CTA per SM) against the
+    bound's 128 (two), so the field changes the cubin and not only the name."""
+    from skinny_gemm.kernels.config import KernelConfig
+
+    twin = KernelConfig(
+        m=16,
+        kind="mma",
+        threads=256,
+        k_threads=256,
+        cols=16,
+        unroll=1,
+        stages=4,
+        fetch=0,
+        prefetch=False,
+        slices=2,
+        token_groups=2,
+    )
+    plan = built["root"] / "sm_90a" / "manifest.json"
+    regs = {}
+    for cfg in (twin, dataclasses.replace(twin, min_ctas=2)):
+        out = tmp_path / cfg.name
+        build.build_configs("sm_90a", [cfg], [], out, plan, cache_dir=built["cache"], progress=False)
+        (variant,) = parse(out / "manifest.json", expected_arch="sm_90a").variants.values()
+        regs[cfg.min_ctas] = elf.inspect((out / variant.file).read_bytes()).kernels[cfg.symbol].registers
+    assert regs[2] <= 128 < regs[0], regs
 
 
 def test_a_ring_over_an_archs_shared_memory_is_refused_by_its_build(built, tmp_path):

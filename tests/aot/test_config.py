@@ -166,6 +166,7 @@ def _variants(cfg):
         "ring": True,
         "token_groups": 2,
         "token_stages": 1,
+        "min_ctas": 2,
     }
     assert set(changes) == {f.name for f in dataclasses.fields(KernelConfig)}, "a new field needs a case here"
     return changes
@@ -279,6 +280,13 @@ def test_m_above_8_doubles_the_unsliced_reduction_buffers():
         ({"m": 6, "threads": 256, "cols": 4, "slices": 2, "token_groups": 4, **MMA}, "token groups"),  # 6 % 4
         ({"m": 16, "threads": 256, "cols": 4, "slices": 4, "token_groups": 2, **MMA}, "slices"),  # 8 x 4 rows
         ({"m": 16, "threads": 256, "cols": 4, "slices": 2, "token_groups": 3, **MMA}, "token groups"),
+        ({"m": 1, "threads": 256, "k_threads": 64, "cols": 4, "min_ctas": 2}, "min ctas"),  # simt
+        ({"m": 16, "threads": 256, "cols": 8, "min_ctas": 1, **MMA}, "min ctas"),  # a bound of one CTA is none
+        (
+            {"m": 16, "threads": 512, "k_threads": 256, "cols": 8, "min_ctas": 4, **MMA},
+            "min ctas",
+        ),  # 2048 threads, 32 regs
+        ({"m": 16, "threads": 256, "cols": 8, "min_ctas": 3, **MMA}, "min ctas"),  # 85 -> 80 registers
     ],
 )
 def test_new_fields_name_their_rule(kwargs, rule):
@@ -437,3 +445,27 @@ def test_token_groups_put_16_tokens_on_sliced_tiles():
     # twice the accumulators and token words of the one-group tile, the same weight words
     assert cfg.register_rule[0] == one.register_rule[0] + 4 * 2 + 2 * 4 * 2
     assert "token_groups" not in one.to_json() and cfg.to_json()["token_groups"] == 2
+
+
+def test_min_ctas_caps_registers_per_thread():
+    """A launch bound of min_ctas CTAs leaves 65536 / (threads x min_ctas) registers, in ptxas's steps of 8; the
+    field stays out of the JSON and the name when off, so earlier plans and cubins keep theirs."""
+    twin = KernelConfig(
+        m=16,
+        kind="mma",
+        threads=256,
+        k_threads=256,
+        cols=16,
+        unroll=1,
+        stages=4,
+        fetch=0,
+        prefetch=False,
+        slices=2,
+        token_groups=2,
+    )
+    capped = dataclasses.replace(twin, min_ctas=2)
+    capped.check(n=28672, k=4096)
+    assert (twin.register_cap, capped.register_cap) == (None, 128)
+    assert dataclasses.replace(twin, threads=128, k_threads=128, cols=8, min_ctas=5).register_cap == 96
+    assert capped.name == twin.name + "_mc2" and "min_ctas" not in twin.to_json()
+    assert KernelConfig.from_json(capped.to_json()) == capped
