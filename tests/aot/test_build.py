@@ -179,24 +179,13 @@ def test_new_path_variants_build_with_the_shared_abi(built, tmp_path):
 def test_min_ctas_bound_caps_what_ptxas_allocates(built, tmp_path):
     """The same tile with and without the launch bound: 184 registers (one 256-thread CTA per SM) against the
     bound's 128 (two), so the field changes the cubin and not only the name."""
-    from skinny_gemm.kernels.config import KernelConfig
+    from helpers import new_paths
 
-    twin = KernelConfig(
-        m=16,
-        kind="mma",
-        threads=256,
-        k_threads=256,
-        cols=16,
-        unroll=1,
-        stages=4,
-        fetch=0,
-        prefetch=False,
-        slices=2,
-        token_groups=2,
-    )
+    bounded = next(cfg for *_, cfg in new_paths.cases() if cfg.min_ctas == 2)
+    twin = dataclasses.replace(bounded, min_ctas=0)
     plan = built["root"] / "sm_90a" / "manifest.json"
     regs = {}
-    for cfg in (twin, dataclasses.replace(twin, min_ctas=2)):
+    for cfg in (twin, bounded):
         out = tmp_path / cfg.name
         build.build_configs("sm_90a", [cfg], [], out, plan, cache_dir=built["cache"], progress=False)
         (variant,) = parse(out / "manifest.json", expected_arch="sm_90a").variants.values()

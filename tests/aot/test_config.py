@@ -450,20 +450,10 @@ def test_token_groups_put_16_tokens_on_sliced_tiles():
 def test_min_ctas_caps_registers_per_thread():
     """A launch bound of min_ctas CTAs leaves 65536 / (threads x min_ctas) registers, in ptxas's steps of 8; the
     field stays out of the JSON and the name when off, so earlier plans and cubins keep theirs."""
-    twin = KernelConfig(
-        m=16,
-        kind="mma",
-        threads=256,
-        k_threads=256,
-        cols=16,
-        unroll=1,
-        stages=4,
-        fetch=0,
-        prefetch=False,
-        slices=2,
-        token_groups=2,
-    )
-    capped = dataclasses.replace(twin, min_ctas=2)
+    from helpers import new_paths
+
+    capped = next(cfg for *_, cfg in new_paths.cases() if cfg.min_ctas == 2)
+    twin = dataclasses.replace(capped, min_ctas=0)
     capped.check(n=28672, k=4096)
     assert (twin.register_cap, capped.register_cap) == (None, 128)
     assert dataclasses.replace(twin, threads=128, k_threads=128, cols=8, min_ctas=5).register_cap == 96
