@@ -16,10 +16,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from ..kernels.config import DSL_SMEM_RESERVE, H200_SMS, MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
-
-# Shared memory of one sm_90 SM (228 KB), which "wgmma" CTAs' rings divide.
-SM_SMEM = 228 * 1024
+from ..kernels.config import DSL_SMEM_RESERVE, H200_SMS, MMA_ROWS, SM_REGISTERS, SM_SMEM, ConfigError, KernelConfig
 
 SPACES_FILE = Path(__file__).resolve().parent.parent / "kernels" / "candidates.json"
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(KernelConfig)}

@@ -69,10 +69,13 @@ QUIET_FIELDS = {"bias": False, "tail": False, "ring": False, "token_groups": 1, 
 RING_SLOT = 16
 # Token groups of a sliced "mma" tile: the A side holds m / token_groups tokens x slices.
 TOKEN_GROUPS = (1, 2, 4)
-# Threads one sm_90 SM holds at once, and the fewest registers per thread a launch bound (``min_ctas``) may
-# leave: below it the accumulators and one weight stage of a sliced M = 16 tile no longer fit without spilling.
-SM_THREADS = 2048
+# The fewest registers per thread a launch bound (``min_ctas``) may leave (at most 682 threads per SM, under
+# sm_90's 2048 and sm_121's 1536): below it the accumulators and one weight stage of a sliced M = 16 tile no
+# longer fit without spilling. A bound leaving 256 or more changes nothing (ptxas allocates at most 255).
 MIN_CTAS_REGISTER_FLOOR = 96
+PTXAS_MAX_REGISTERS = 255
+# Shared memory of one sm_90 SM (228 KB), which "wgmma" CTAs' and "mma" rings divide.
+SM_SMEM = 228 * 1024
 
 
 class ConfigError(ValueError):
@@ -480,13 +483,19 @@ def _option_rules(c: KernelConfig) -> None:
     if c.min_ctas and (
         c.kind != "mma"
         or c.min_ctas < 2
-        or c.threads * c.min_ctas > SM_THREADS
-        or c.register_cap < MIN_CTAS_REGISTER_FLOOR
+        or not MIN_CTAS_REGISTER_FLOOR <= c.register_cap <= PTXAS_MAX_REGISTERS
+        or c.register_rule[0] > c.register_cap
     ):
         raise ConfigError(
-            f"rule 'min ctas': min_ctas={c.min_ctas} needs kind 'mma', at least 2 CTAs, threads x min_ctas <= "
-            f"{SM_THREADS} and {SM_REGISTERS} / (threads x min_ctas) >= {MIN_CTAS_REGISTER_FLOOR} registers "
-            f"(kind={c.kind!r}, threads={c.threads}): the bound caps each thread's registers"
+            f"rule 'min ctas': min_ctas={c.min_ctas} needs kind 'mma', at least 2 CTAs and a cap of "
+            f"{SM_REGISTERS} / (threads x min_ctas) = {c.register_cap} registers between {MIN_CTAS_REGISTER_FLOOR} "
+            f"and {PTXAS_MAX_REGISTERS} that holds the register rule's {c.register_rule[0]} (kind={c.kind!r}, "
+            f"threads={c.threads}): above the cap ptxas would spill accumulators or loads in flight"
+        )
+    if c.min_ctas and c.ring and c.min_ctas * (c.ring_smem + c.mma_smem + DSL_SMEM_RESERVE) > SM_SMEM:
+        raise ConfigError(
+            f"rule 'min ctas': {c.min_ctas} CTAs of {c.ring_smem} bytes of ring + {c.mma_smem} of reduction "
+            f"buffers + {DSL_SMEM_RESERVE} exceed an SM's {SM_SMEM} bytes of shared memory"
         )
     if c.slices != 1 and (c.kind != "mma" or c.split != 1 or c.m // c.token_groups * c.slices > MMA_A_ROWS):
         raise ConfigError(

@@ -15,7 +15,8 @@
 #                          $OUT, after the bundle's new-path GPU tests (every new kernel path against float64).
 #                          A step that fails is reported, the next one still runs, and the exit status is 1.
 # TILES (default 1,2,4,8) and MIN_CTAS (default 0; e.g. 2,3,4 adds the launch-bound twins, perf.md Next 0) pass
-# through to sliced_candidates.py.
+# through to sliced_candidates.py; RUN (default sliced-sweep) names measure's result files,
+# tune-sm_90a-h200-NAME-RUN.json, so a second sweep of a model does not take the committed run's name.
 # e.g. prepare .device/sweep llama-3.1-8b:1:16 qwen3-8b:1:16 qwen3-32b:1:8 llama-3.1-70b:4:8 (2026-12-03: 8 min
 # of compiling here from an empty cache, 24 MB; 1938 / 1989 / 477 / 604 timings, about 3 min of H200 time by tune prepare's estimate before
 # the decode phases; measured on the H200 the same day: 71 s for the Llama-3.1-8B folder with the new-path tests,
@@ -112,7 +113,7 @@ EOF
       name=${cells##*/cells-}
       echo "== $name ($(date +%T))"
       if ! PYTHONPATH=$site python3 -m skinny_gemm tune measure "$cells" \
-        --results "$OUT/tune-sm_90a-h200-$name-sliced-sweep.json" --decode-top 8 --decode-passes 2 \
+        --results "$OUT/tune-sm_90a-h200-$name-${RUN:-sliced-sweep}.json" --decode-top 8 --decode-passes 2 \
         >"$OUT/tune-$name.log" 2>&1; then
         echo "== $name FAILED (its log: tune-$name.log)"
         failed=1

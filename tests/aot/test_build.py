@@ -177,7 +177,7 @@ def test_new_path_variants_build_with_the_shared_abi(built, tmp_path):
 
 
 def test_min_ctas_bound_caps_what_ptxas_allocates(built, tmp_path):
-    """The same tile with and without the launch bound: 184 registers (one 256-thread CTA per SM) against the
+    """The same tile with and without the launch bound: 160 registers (one 256-thread CTA per SM) against the
     bound's 128 (two), so the field changes the cubin and not only the name."""
     from helpers import new_paths
 

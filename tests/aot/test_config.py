@@ -285,8 +285,16 @@ def test_m_above_8_doubles_the_unsliced_reduction_buffers():
         (
             {"m": 16, "threads": 512, "k_threads": 256, "cols": 8, "min_ctas": 4, **MMA},
             "min ctas",
-        ),  # 2048 threads, 32 regs
+        ),  # 2048 threads: 32 registers, under the floor
         ({"m": 16, "threads": 256, "cols": 8, "min_ctas": 3, **MMA}, "min ctas"),  # 85 -> 80 registers
+        ({"m": 8, "threads": 64, "cols": 8, "slices": 2, "min_ctas": 2, **MMA}, "min ctas"),  # 512: bounds nothing
+        # the register rule's 160 (accumulators and loads in flight) over the bound's 128
+        ({"m": 16, "threads": 256, "cols": 16, "slices": 2, "token_groups": 2, "min_ctas": 2, **MMA}, "min ctas"),
+        # 2 x (192 KB of ring + its reduction buffers) over the SM's 228 KB
+        (
+            {**MMA, "m": 16, "threads": 256, "k_threads": 128, "cols": 32, "stages": 8, "ring": True, "min_ctas": 2},
+            "min ctas",
+        ),
     ],
 )
 def test_new_fields_name_their_rule(kwargs, rule):
