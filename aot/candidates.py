@@ -16,7 +16,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from ..kernels.config import DSL_SMEM_RESERVE, H200_SMS, MMA_ROWS, SM_REGISTERS, SM_SMEM, ConfigError, KernelConfig
+from ..kernels.config import H200_SMS, MMA_ROWS, SM_REGISTERS, ConfigError, KernelConfig
 
 SPACES_FILE = Path(__file__).resolve().parent.parent / "kernels" / "candidates.json"
 CONFIG_FIELDS = {f.name for f in dataclasses.fields(KernelConfig)}
@@ -105,13 +105,7 @@ def resident_ctas(cfg: KernelConfig) -> int:
     regs = -(-(cfg.register_rule[0] + 24) // 8) * 8
     if cfg.min_ctas:  # the launch bound caps the allocation (ptxas spills the rest)
         regs = min(regs, cfg.register_cap)
-    return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs), smem_ctas(cfg))
-
-
-def smem_ctas(cfg: KernelConfig) -> int:
-    """CTAs of a "wgmma" or "mma" ring that one sm_90 SM's shared memory holds (2048 for the others: no bound)."""
-    ring = cfg.launch().smem  # the dynamic ring; an mma ring's static reduction buffers come beside it
-    return SM_SMEM // (ring + (cfg.mma_smem if cfg.ring else 0) + DSL_SMEM_RESERVE) if ring else 2048
+    return min(2048 // cfg.threads, SM_REGISTERS // (cfg.threads * regs), cfg.smem_ctas)
 
 
 # Per-config rules a space may name (value: the rule's parameter), beyond the config check.

@@ -269,6 +269,12 @@ class KernelConfig:
         return -(-self.m * self.cols // self.k_threads)
 
     @property
+    def smem_ctas(self) -> int:
+        """CTAs of a "wgmma" or "mma" ring that one sm_90 SM's shared memory holds (2048 for the others: no bound)."""
+        ring = self.launch().smem  # the dynamic ring; an mma ring's static reduction buffers come beside it
+        return SM_SMEM // (ring + (self.mma_smem if self.ring else 0) + DSL_SMEM_RESERVE) if ring else 2048
+
+    @property
     def register_cap(self) -> int | None:
         """The registers per thread ``min_ctas`` leaves (ptxas allocates in steps of 8), or None without a bound."""
         if not self.min_ctas:
@@ -492,7 +498,7 @@ def _option_rules(c: KernelConfig) -> None:
             f"and {PTXAS_MAX_REGISTERS} that holds the register rule's {c.register_rule[0]} (kind={c.kind!r}, "
             f"threads={c.threads}): above the cap ptxas would spill accumulators or loads in flight"
         )
-    if c.min_ctas and c.ring and c.min_ctas * (c.ring_smem + c.mma_smem + DSL_SMEM_RESERVE) > SM_SMEM:
+    if c.min_ctas and c.ring and c.min_ctas > c.smem_ctas:
         raise ConfigError(
             f"rule 'min ctas': {c.min_ctas} CTAs of {c.ring_smem} bytes of ring + {c.mma_smem} of reduction "
             f"buffers + {DSL_SMEM_RESERVE} exceed an SM's {SM_SMEM} bytes of shared memory"

@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "aot"))
 import source_tree  # noqa: E402
 
 source_tree.register(run_init=False)
-from skinny_gemm.aot.candidates import smem_ctas  # noqa: E402
 from skinny_gemm.kernels.config import ConfigError, KernelConfig  # noqa: E402
 
 # (threads, k_threads, cols, split) and the depths tried with each; the ring's depth is bounded by shared memory.
@@ -107,7 +106,7 @@ def main():
                 ]
                 for i, count in enumerate(counts):
                     more = counts[i - 1] if i else None
-                    fit = [c for c in mine if smem_ctas(c) >= count and (more is None or smem_ctas(c) < more)]
+                    fit = [c for c in mine if c.smem_ctas >= count and (more is None or c.smem_ctas < more)]
                     keep += [max(fit, key=lambda c: c.stages)] if fit else []
             add_cell(files, keep, n, k, m, "ring candidate")
     for path, entries in write_plans(out, files, "ring", "ring candidates"):
