@@ -23,6 +23,8 @@ CONFIG_FIELDS = {f.name for f in dataclasses.fields(KernelConfig)}
 # Pseudo-fields a space may list besides config fields (kernels/candidates.json's 'about' says how they map).
 PSEUDO_FIELDS = {"groups", "tiles"}
 WHEN_KEYS = {"m_min", "m_max", "k_min", "k_max"}
+# A static_k value that stands for each cell's own K (the "mma" walk's tokens are indexed statically).
+STATIC_K_OF_CELL = "K"
 
 
 class CandidateError(ValueError):
@@ -70,9 +72,11 @@ def _values(values: list, n: int, k: int, m: int) -> list:
     ]
 
 
-def _config(fields: dict) -> KernelConfig:
-    """A config from a point of a space: the pseudo-fields become threads and cols."""
+def _config(fields: dict, k: int) -> KernelConfig:
+    """A config from a point of a space: the pseudo-fields become threads and cols, a static_k of "K" the cell's K."""
     fields = dict(fields)
+    if fields.get("static_k") == STATIC_K_OF_CELL:
+        fields["static_k"] = k
     groups = fields.pop("groups", 1)
     tiles = fields.pop("tiles", None)
     if tiles is not None:
@@ -94,7 +98,7 @@ def expand(space: dict, n: int, k: int, m: int, extra: dict | None = None) -> li
         fields = {"m": m, **space.get("fixed", {}), **(extra or {})}
         for name, value in zip(names, point):
             fields.update(zip(name, value) if isinstance(name, list) else [(name, value)])
-        found.append(_config(fields))
+        found.append(_config(fields, k))
     return found
 
 

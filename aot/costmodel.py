@@ -45,6 +45,8 @@ def family(cfg: KernelConfig) -> str:
     if cfg.kind == "mma":
         if cfg.ring:
             return "mma+ring"
+        if cfg.persist:
+            return "mma+walk"
         return "mma+split" if cfg.split > 1 else "mma+sliced" if cfg.slices > 1 else "mma"
     return "simt+persist" if cfg.persist else cfg.kind
 
@@ -83,7 +85,7 @@ def features(cfg: KernelConfig, n: int, k: int) -> dict[str, float]:
         "mma": float(mma),
         "split": float(cfg.split > 1),
         "sliced": float(cfg.slices > 1),
-        "persist": float(cfg.persist > 0),
+        "persist": float(cfg.persist > 0 and cfg.kind == "simt"),
         "prefetch": float(cfg.prefetch),
         "early": float(cfg.early),
         "fetch0": float(cfg.kind == "mma" and cfg.fetch == 0),

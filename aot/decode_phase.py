@@ -51,8 +51,9 @@ def confirm_replays(trials: int, confirm_trials: int | None) -> int:
 
 
 def twin(cfg: KernelConfig) -> KernelConfig:
-    """``cfg`` launched without PDL: ``early`` and ``persist`` need PDL, so they go too."""
-    return dataclasses.replace(cfg, pdl=False, early=False, persist=0)
+    """``cfg`` launched without PDL: the SIMT walk (``persist``) and ``early`` need PDL, so they go too; the mma
+    walk runs without it."""
+    return dataclasses.replace(cfg, pdl=False, early=False, persist=cfg.persist if cfg.kind == "mma" else 0)
 
 
 def no_pdl_twins(cands: list[KernelConfig], n: int, k: int) -> list[KernelConfig]:
@@ -130,7 +131,7 @@ def entry_choices(row: dict, top: int) -> list[str]:
 
     def base(name):
         try:
-            return KernelConfig.from_json({**configs[name], "pdl": False, "early": False, "persist": 0})
+            return twin(KernelConfig.from_json(configs[name]))
         except ConfigError:  # a result row without a whole config (synthetic): its own base
             return name
 

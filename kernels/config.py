@@ -74,6 +74,9 @@ TOKEN_GROUPS = (1, 2, 4)
 # longer fit without spilling. A bound leaving 256 or more changes nothing (ptxas allocates at most 255).
 MIN_CTAS_REGISTER_FLOOR = 96
 PTXAS_MAX_REGISTERS = 255
+# Registers an "mma" walk (``persist``) keeps beside its register rule: the weight row, token and output
+# addresses, the walk's indices and the epilogue's temporaries (cuobjdump of the sm_90a walk variants).
+PERSIST_ADDRESS_REGISTERS = 24
 # Shared memory of one sm_90 SM (228 KB), which "wgmma" CTAs' and "mma" rings divide.
 SM_SMEM = 228 * 1024
 
@@ -141,7 +144,12 @@ class KernelConfig:
     split: int = 1
     # simt with early: cap the grid at this many CTAs that walk row groups persist apart and preload the next
     # group's first trip; no wave ends at once and the next kernel's CTAs find room (up to 8% faster alone, slower
-    # inside the decode step: docs/perf.md "Ideas that lost"); 0 = off
+    # inside the decode step: docs/perf.md "Ideas that lost"); 0 = off.
+    # mma (static K): the same capped walk, each warp loading the tokens of its K range into registers once for
+    # the whole kernel, so the walk streams weight only, and the next group's first stages load during the last
+    # trip and the epilogue. Why: at M = 16 a warp loads 16 token bytes per 8 of weight from L1, twice M = 8's
+    # L1 wavefronts per weight byte, and no M = 16 register config passed 80% of the H200's HBM peak on
+    # 28672x4096 where the M = 8 pick reaches 89% (docs/perf.md "Next")
     persist: int = 0
     # mma: an MMA tile is 8/slices weight rows x slices K slices, so CTAs can be down to one row and a warp
     # load covers 64*slices contiguous bytes of a row (docs/perf.md "What won"); needs m*slices <= 16 (the A side's rows)
@@ -237,6 +245,15 @@ class KernelConfig:
                 4 * self.mma_tiles + self.unroll * (4 * self.mma_tiles + 4 * self.token_loads),
                 "4*tiles + unroll*(4*tiles + 4*token_loads) (ring)",
             )
+        if self.kind == "mma" and self.persist:
+            # accumulators + the weight's buffered steps + every step of the warp's K range's tokens, resident
+            G = self.token_groups
+            return (
+                4 * self.mma_tiles * G
+                + self.stages * self.unroll * 4 * self.mma_tiles
+                + self.warp_steps * 4 * self.token_loads * G,
+                "4*tiles*token_groups + stages*unroll*4*tiles + warp_steps*4*token_loads*token_groups (persist)",
+            )
         if self.kind == "mma":
             # accumulators (4 per tile and token group) + per buffered step: 4 weight words per tile + 4 words per
             # token load and group (unsliced: tiles = cols / 8, one group and one token load, i.e.
@@ -256,6 +273,21 @@ class KernelConfig:
             regs + self.unroll * self.cols * self.vec // 2,
             "m*cols + unroll*(cols+m)*vec/2 + unroll*cols*vec/2 (persist)",
         )
+
+    @property
+    def warp_steps(self) -> int:
+        """32 x slices-k steps of one warp's K range ("mma" with ``static_k``: what a persist walk keeps in registers)."""
+        return self.static_k // self.k_step * self.stages * self.unroll
+
+    @property
+    def register_budget(self) -> int:
+        """Registers the register rule may claim per thread: a third of the thread's share kept for addresses, or for
+        an "mma" walk (``persist``) a fixed PERSIST_ADDRESS_REGISTERS: its addresses do not grow with its tokens."""
+        share = SM_REGISTERS // self.threads
+        if self.kind == "mma" and self.persist:
+            # a walk of 2 or more CTAs per SM (min_ctas) must fit under the bound's cap
+            return min(PTXAS_MAX_REGISTERS, share, self.register_cap or share) - PERSIST_ADDRESS_REGISTERS
+        return min(REGISTER_BUDGET, share * 2 // 3)
 
     @property
     def mma_tiles(self) -> int:
@@ -296,9 +328,11 @@ class KernelConfig:
     def mma_smem(self) -> int:
         """Shared-memory bytes of an "mma" CTA: the K-split warps' partials, with ``split`` the slots CTA 0 receives,
         and with ``slices`` every warp's partial of every output and slice (even for one warp)."""
-        if self.slices > 1:
-            # (groups, warps, m, cols, slices) fp32: each warp's partial of each output and slice
-            return self.groups * (self.k_threads // 32) * self.m * self.cols * self.slices * 4
+        if self.slices > 1 or (self.kind == "mma" and self.persist):
+            # (groups, warps, m, cols, slices) fp32: each warp's partial of each output and slice; the walk
+            # (``persist``) keeps two, one per group parity
+            part = self.groups * (self.k_threads // 32) * self.m * self.cols * self.slices * 4
+            return part * (2 if self.persist else 1)
         # (groups, tiles x c0, c1 (and c2, c3: A rows 8..15), 32 lanes) fp32 per warp
         per_warp = self.groups * (self.cols // MMA_ROWS * 2 * self.token_loads) * 32 * 4
         warps = self.k_threads // 32
@@ -400,12 +434,15 @@ class KernelConfig:
         _option_rules(self)
         _KIND_RULES[self.kind](self)
         regs, rule = self.register_rule
-        budget = min(REGISTER_BUDGET, SM_REGISTERS // self.threads * 2 // 3)
+        budget = self.register_budget
         if regs > budget:
-            raise ConfigError(
-                f"rule 'register budget': {rule} = {regs} exceeds {budget} "
-                f"(min of {REGISTER_BUDGET} and two thirds of {SM_REGISTERS} / threads={self.threads})"
+            how = (
+                f"{SM_REGISTERS} / threads={self.threads} at most {PTXAS_MAX_REGISTERS} and the launch bound's cap, "
+                f"less {PERSIST_ADDRESS_REGISTERS}"
+                if self.kind == "mma" and self.persist
+                else f"min of {REGISTER_BUDGET} and two thirds of {SM_REGISTERS} / threads={self.threads}"
             )
+            raise ConfigError(f"rule 'register budget': {rule} = {regs} exceeds {budget} ({how})")
         if self.static_k:
             if self.static_k % self.k_step:
                 raise ConfigError(
@@ -461,12 +498,20 @@ def _option_rules(c: KernelConfig) -> None:
             f"rule 'split': split={c.split} needs kind 'mma' or 'wgmma' without prefetch (kind={c.kind!r}, "
             f"prefetch={c.prefetch}): only those kernels reduce across a cluster"
         )
-    if c.persist and (c.kind != "simt" or not c.early or c.prefetch or c.static_k):
+    if c.persist and c.kind == "mma":
+        if c.prefetch or not c.static_k or c.ring or c.split != 1 or c.token_stages:
+            raise ConfigError(
+                f"rule 'persist': persist={c.persist} with kind 'mma' needs a static K, no prefetch, ring, split or "
+                f"token_stages (static_k={c.static_k}, prefetch={c.prefetch}, ring={c.ring}, split={c.split}, "
+                f"token_stages={c.token_stages}): the walk keeps every token of a warp's K range in registers, "
+                "indexed statically, and streams the next group's weight from the last trip"
+            )
+    elif c.persist and (c.kind != "simt" or not c.early or c.prefetch or c.static_k):
         raise ConfigError(
             f"rule 'persist': persist={c.persist} needs kind 'simt' with early, without prefetch and with "
             f"a runtime K (kind={c.kind!r}, early={c.early}, prefetch={c.prefetch}, "
-            f"static_k={c.static_k}): the walk preloads each group's first trip, the first one before "
-            "the PDL wait, and loops over K at run time"
+            f"static_k={c.static_k}), or kind 'mma' with a static K: the walk preloads each group's first "
+            "trip, the first one before the PDL wait"
         )
     limit = MAX_M_BULK if c.kind == "bulk" else MAX_M
     if c.m > limit:

@@ -240,27 +240,89 @@ class SkinnyMma(Launcher):
         acc = cute.make_rmem_tensor((TILES * cfg.token_groups, 4), cutlass.Float32)
         acc.fill(0.0)
 
-        prefetch_weight(cfg, w, tidx, bidx * cfg.cols_per_cta, kk, n)
-        # The fill (every buffer but one), the trips, the peeled last trip: ``pipeline``'s order (the weight may be read before the
-        # PDL wait, the tokens not; the last trip has no refill to guard).
-        first, _, peeled = pipeline(D, cfg.x_stages)
-        ops = (w_lane, tokens, wbuf, xbuf, acc, r_half)
-        self.run(first, FILL, 0, ops)
-        if cutlass.const_expr(cfg.static_k > 0):
-            for t in cutlass.range_constexpr(cfg.static_k // cfg.k_step - 1):
-                self.trip(w_lane, tokens, wbuf, xbuf, acc, t, r_half)
+        if cutlass.const_expr(cfg.persist > 0):
+            # row group 0's rows (as w_lane names them), this lane's first word
+            w0 = cute.recast_ptr(w, dtype=cutlass.Int32) + cute.assume(
+                (grp * cfg.cols + g // S) * r_half + koff, divby=4
+            )
+            self.walk(w0, tokens, wbuf, acc, r_half, grp, wk, lane, bidx, out, residual, n)
         else:
-            # unroll=1: the body already is D steps; ptxas unrolling it again spilled a loop counter.
-            for t in cutlass.range(kk // cfg.k_step - 1, unroll=1):
-                self.trip(w_lane, tokens, wbuf, xbuf, acc, t, r_half)
-        self.run(peeled, LAST, kk // cfg.k_step * D - 1, ops)
-        if cutlass.const_expr(cfg.tail):
-            self.tail_steps(w_rows, tokens, acc, kk, krange, koff, wk, g, q)
+            prefetch_weight(cfg, w, tidx, bidx * cfg.cols_per_cta, kk, n)
+            # The fill (every buffer but one), the trips, the peeled last trip: ``pipeline``'s order (the weight may
+            # be read before the PDL wait, the tokens not; the last trip has no refill to guard).
+            first, _, peeled = pipeline(D, cfg.x_stages)
+            ops = (w_lane, tokens, wbuf, xbuf, acc, r_half)
+            self.run(first, FILL, 0, ops)
+            if cutlass.const_expr(cfg.static_k > 0):
+                for t in cutlass.range_constexpr(cfg.static_k // cfg.k_step - 1):
+                    self.trip(w_lane, tokens, wbuf, xbuf, acc, t, r_half)
+            else:
+                # unroll=1: the body already is D steps; ptxas unrolling it again spilled a loop counter.
+                for t in cutlass.range(kk // cfg.k_step - 1, unroll=1):
+                    self.trip(w_lane, tokens, wbuf, xbuf, acc, t, r_half)
+            self.run(peeled, LAST, kk // cfg.k_step * D - 1, ops)
+            if cutlass.const_expr(cfg.tail):
+                self.tail_steps(w_rows, tokens, acc, kk, krange, koff, wk, g, q)
 
-        if cutlass.const_expr(S > 1):
-            reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n)
-        else:
-            reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank)
+            if cutlass.const_expr(S > 1):
+                reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n)
+            else:
+                reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank)
+
+    @cute.jit
+    def walk(self, w0, tokens, wbuf, acc, r_half, grp, wk, lane, bidx, out, residual, n):
+        """``persist``: this CTA's row groups, ``gridDim`` apart, with every token of the warp's K range in registers.
+
+        The tokens are loaded once, after the PDL wait (the first group's first stages go out before it). Each
+        group runs ``pipeline``'s trips with the token buffer of every step its own (``walk_order``); the last
+        trip's refills are the next group's first stages (past the CTA's last group: this group's rows again, L2
+        hits rather than a branch), so the weight stream does not stop for the epilogue. Every thread of a group
+        sums some of its outputs (the sliced epilogue at any ``slices``: at 16 K-split warps, warp 0 alone adding
+        them kept the rest at the barrier).
+        """
+        cfg = self.cfg
+        D, STEPS = cfg.stages, cfg.warp_steps // cfg.unroll
+        groups = n // cfg.cols_per_cta
+        nct, _, _ = cute.arch.grid_dim()
+        span = cfg.cols_per_cta * r_half  # words from one row group to the next
+        # (stage, step, word) i32: per token group, 8 k of A row g's token (and of A row g + 8's), every stage
+        xres = cute.make_rmem_tensor((STEPS, cfg.unroll, 4 * cfg.token_loads * cfg.token_groups), cutlass.Int32)
+        # two reduction buffers, one per group parity: a group's partials land in the buffer the group before last
+        # read, which every thread had left by the previous group's barrier, so one barrier per group does
+        red = cute.arch.alloc_smem(cutlass.Float32, cfg.mma_smem // 4, alignment=16)
+        half = cfg.mma_smem // 8
+        first = w0 + cute.assume(bidx * span, divby=4)
+        for j in cutlass.range_constexpr(D - 1):
+            self.load_weight(first, wbuf, j, j, r_half)
+        wait_previous_grid(cfg)
+        # Masked once here, not per MMA: an AND of a loop-invariant register is hoisted out of the walk by ptxas,
+        # which then held a masked copy of every token word (M = 8 walks: 128 registers and a 80-408 byte stack
+        # for a 76-104 register rule).
+        _, keep, _, keep2, _ = tokens
+        TL = cfg.token_loads
+        for s in cutlass.range_constexpr(STEPS):
+            self.load_token(tokens, xres, s, s)
+            for u in cutlass.range_constexpr(cfg.unroll):
+                for i in cutlass.range_constexpr(4 * TL * cfg.token_groups):
+                    xres[s, u, i] = xres[s, u, i] & (keep2 if i % (4 * TL) >= 4 else keep)
+        for rg in cutlass.range(bidx, groups, nct, unroll=1):
+            nxt = rg + nct
+            over = (groups - 1 - nxt) >> 31  # all ones past the last group
+            gn = (nxt & (over ^ cutlass.Int32(-1))) | (rg & over)
+            here = w0 + cute.assume(rg * span, divby=4)
+            ahead = w0 + cute.assume(gn * span, divby=4)
+            acc.fill(0.0)
+            for op, buf, stage in walk_order(D, STEPS):
+                if cutlass.const_expr(op == WEIGHT):
+                    self.load_weight(here, wbuf, buf, stage, r_half)
+                elif cutlass.const_expr(op == NEXT):
+                    self.load_weight(ahead, wbuf, buf, stage, r_half)
+                else:
+                    self.mma_stage(wbuf, xres, acc, buf, tokens, D - 1, stage)
+            row0 = rg * cfg.cols_per_cta + grp * cfg.cols
+            parity = (rg - bidx) // nct % 2
+            sRed = reduction_buffer(cfg, red + cute.assume(parity * half, divby=4))
+            reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, sRed)
 
     @cute.jit
     def trip(self, w_lane, tokens, wbuf, xbuf, acc, t, r_half):
@@ -290,7 +352,7 @@ class SkinnyMma(Launcher):
             elif op == PDL_WAIT:
                 wait_previous_grid(self.cfg)
             else:
-                self.mma_stage(wbuf, xbuf, acc, args[0], tokens, args[1])
+                self.mma_stage(wbuf, xbuf, acc, args[0], tokens, args[1], args[0] % self.cfg.x_stages)
 
     @cute.jit
     def load_weight(self, w_lane, wbuf, buf, stage, r_half):
@@ -382,16 +444,18 @@ class SkinnyMma(Launcher):
                     mma_pair(acc, h * cfg.mma_tiles + t, x, [v[e] & inside for e in range(4)], zero, x2)
 
     @cute.jit
-    def mma_stage(self, wbuf, xbuf, acc, buf, tokens, pending):
-        """Two MMAs per step and tile on buffer ``buf`` (the first waits for its loads; ring: once at most
-        ``pending`` later commit groups are in flight, then read back from shared memory)."""
+    def mma_stage(self, wbuf, xbuf, acc, buf, tokens, pending, xb):
+        """Two MMAs per step and tile on weight buffer ``buf`` and token buffer ``xb`` (the first waits for its
+        loads; ring: once at most ``pending`` later commit groups are in flight, then read back from shared
+        memory)."""
         cfg = self.cfg
         _, keep, _, keep2, _ = tokens
         TL = cfg.token_loads
         zero = mma_zero()
         if cutlass.const_expr(cfg.ring):
             cute.arch.inline_ptx(f"cp.async.wait_group {pending};")
-        xb = buf % cfg.x_stages  # the tokens' buffer of this step (buf itself unless token_stages is set)
+        if cutlass.const_expr(cfg.persist > 0):
+            keep, keep2 = cutlass.Int32(-1), cutlass.Int32(-1)  # the walk's tokens are masked when loaded
         for u in cutlass.range_constexpr(cfg.unroll):
             for h in cutlass.range_constexpr(cfg.token_groups):
                 # token group h's A rows: operands mma_tiles + TL * h (+ 1 for A rows g + 8)
@@ -470,6 +534,25 @@ def pipeline(stages: int, token_stages: int | None = None) -> tuple[list, list, 
             last += [(TOKEN, (j + X - 1) % X, j + X - 1), (COMMIT,)]
         last.append((MMA, j, D - 1 - j))
     return first, trip, last
+
+
+NEXT = "next group's weight"
+
+
+def walk_order(stages: int, steps: int) -> list:
+    """One row group of the ``persist`` walk, in issue order: (WEIGHT or NEXT, buffer, stage) and (MMA, buffer,
+    the step's token buffer). ``steps`` stages cover the warp's K range; the fill before the walk has put stages
+    0..stages-2 in buffers 0..stages-2. Before multiplying stage s (in buffer s % stages) the buffer freed one step
+    earlier is refilled with stage s + stages - 1: this group's while it has one, else the next group's stage
+    s + stages - 1 - steps, so the group ends with the next one's fill in place. Every step's tokens stay in their
+    own buffer (the step's index)."""
+    D = stages
+    order = []
+    for s in range(steps):
+        ahead = s + D - 1
+        order.append((WEIGHT, ahead % D, ahead) if ahead < steps else (NEXT, ahead % D, ahead - steps))
+        order.append((MMA, s % D, s))
+    return order
 
 
 # Shared with kernels/skinny_bulk.py, which feeds the same MMAs from shared memory.
@@ -581,9 +664,10 @@ def reduce_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, rank):
 
 
 @cute.jit
-def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
-    """``slices``: each warp puts its slice partials in shared memory, then each thread of the group adds and stores
-    ``outputs_per_thread`` outputs, k_threads apart.
+def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, sRed=None):
+    """``slices`` (and the ``persist`` walk at any slices): each warp puts its slice partials in shared memory
+    (``sRed``, else a buffer of its own), then each thread of the group adds and stores ``outputs_per_thread``
+    outputs, k_threads apart.
 
     Lane (g, q) holds D[i][j] for A row i = g + 8h and B column j = 2q + e in acc[tile, 2h + e]. It is a
     partial of output (token i // S, row tile * 8 / S + j // S) when i and j are the same slice (i % S == j % S);
@@ -595,13 +679,8 @@ def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
     g = lane // 4
     q = lane % 4
     has_res = residual.toint() != 0
-    # (groups, WK, M, cols, S) fp32: warp wk's partial of output (token, column) at each slice
-    sRed = cute.make_tensor(
-        cute.arch.alloc_smem(cutlass.Float32, cfg.groups * WK * M * cfg.cols * S, alignment=16),
-        cute.make_layout(
-            (cfg.groups, WK, M, cfg.cols, S), stride=(WK * M * cfg.cols * S, M * cfg.cols * S, cfg.cols * S, S, 1)
-        ),
-    )
+    if cutlass.const_expr(sRed is None):
+        sRed = reduction_buffer(cfg, cute.arch.alloc_smem(cutlass.Float32, cfg.mma_smem // 4, alignment=16))
     MG = M // cfg.token_groups  # tokens per group: group hg's A row i is token hg * MG + i // S
     for hg in cutlass.range_constexpr(cfg.token_groups):
         for t in cutlass.range_constexpr(cfg.mma_tiles):
@@ -628,6 +707,17 @@ def reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n):
                 for sl in cutlass.range_constexpr(S):
                     total = total + sRed[grp, r, tok, col, sl]
             store_output(cfg, out, residual, has_res, total, tok, row0 + col, n)
+
+
+def reduction_buffer(cfg, base):
+    """(groups, WK, M, cols, S) fp32 at ``base``: warp wk's partial of output (token, column) at each slice."""
+    WK, M, S = cfg.k_threads // WARP, cfg.m, cfg.slices
+    return cute.make_tensor(
+        base,
+        cute.make_layout(
+            (cfg.groups, WK, M, cfg.cols, S), stride=(WK * M * cfg.cols * S, M * cfg.cols * S, cfg.cols * S, S, 1)
+        ),
+    )
 
 
 @cute.jit

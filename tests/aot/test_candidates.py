@@ -127,6 +127,12 @@ def test_the_wgmma_and_ring_spaces_are_sm_90a_only_and_a_family_the_model_never_
     assert not candidates.space_candidates("ring", 4096, 4096, 4)  # from M = 8
     model = costmodel.load()
     assert {"wgmma", "mma+ring"} <= set(model["fit"]["families"])
+    # the mma walk has no timing yet: every walk candidate is timed, the rest cut to 4
+    walk = candidates.space_candidates("walk", 4096, 4096, 8)
+    assert walk and "mma+walk" not in model["fit"]["families"]
+    picked = costmodel.select(model, every, 4096, 4096, top=4, per_family=0)
+    assert set(walk) <= set(picked) and len(picked) == 4 + len(walk)
+    every = [c for c in every if c not in walk]
     assert len(costmodel.select(model, every, 4096, 4096, top=4, per_family=0)) == 4
     for fam, space in (("wgmma", wg), ("mma+ring", ring)):
         unseen = copy.deepcopy(model)

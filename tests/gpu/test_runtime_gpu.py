@@ -883,11 +883,16 @@ def test_new_paths_eager_against_float64(new_paths_table):
     assert not failures, "\n".join(failures[:20])
 
 
-@pytest.mark.parametrize("kind", ["mma", "mma ring", "wgmma"])
+def _path_kind(cfg) -> str:
+    """A new-path case's kernel path for the negative controls: its kind, and ring or walk if set."""
+    return f"{cfg.kind}{' ring' if cfg.ring else ''}{' walk' if cfg.kind == 'mma' and cfg.persist else ''}"
+
+
+@pytest.mark.parametrize("kind", ["mma", "mma ring", "mma walk", "wgmma"])
 def test_new_paths_negative_control(new_paths_table, kind):
     """The check above fails on a wrong result: a bias variant launched without its bias, compared with it."""
     table, cases = new_paths_table
-    why, n, k, cfg = next(c for c in cases if c[3].bias and f"{c[3].kind}{' ring' if c[3].ring else ''}" == kind)
+    why, n, k, cfg = next(c for c in cases if c[3].bias and _path_kind(c[3]) == kind)
     gen = torch.Generator(device="cuda").manual_seed(15)
     x, b = random_tensor((cfg.m, k), "cuda", generator=gen), _bias(n, 1.0, gen)
     out, _ = _launch_guarded(table.table[(n, k, cfg.m)], x, weight(n, k), None, cfg.m, n)

@@ -1,7 +1,7 @@
 """A CPU emulator of which weight rows, tokens and k each thread of a kernel reads and where its sums go.
 
 It follows the index math of kernels/skinny_gemm.py ("simt") and kernels/skinny_mma.py ("mma", split 1)
-for a config and a shape, including the ``tail`` path: the warps' whole K steps, the masked tail steps,
+for a config and a shape, including the ``tail`` path and the "mma" walk's row groups (``persist``): the warps' whole K steps, the masked tail steps,
 rows clamped to N - 1 and the store guard. ``coverage`` returns, per stored output (token, row), how many
 times each k was added into it, plus every out-of-bounds read; a correct mapping adds each k exactly once
 into each output and reads nothing outside the weight and the tokens.
@@ -43,8 +43,16 @@ def coverage(cfg, n, k):
     reads = Reads(cfg, n, k)
     emulate = _simt if cfg.kind == "simt" else _mma
     for cta in range(cfg.grid(n)):
-        emulate(cfg, n, k, cta, reads, counts, stored)
+        for group in row_groups(cfg, n, cta):
+            emulate(cfg, n, k, group, reads, counts, stored)
     return counts, stored, reads.bad
+
+
+def row_groups(cfg, n, cta):
+    """The row groups CTA ``cta`` computes: its own, or with an "mma" walk (``persist``) every grid-th from it."""
+    if cfg.kind == "mma" and cfg.persist:
+        return range(cta, n // cfg.cols_per_cta, cfg.grid(n))
+    return [cta]
 
 
 def _row(cfg, col, n):
@@ -83,8 +91,10 @@ def _simt(cfg, n, k, cta, reads, counts, stored):
 
 
 def _mma(cfg, n, k, cta, reads, counts, stored):
+    """One row group ``cta`` of an "mma" config (a CTA's, or one of a walk's)."""
     assert cfg.split == 1, "the emulator follows the split-1 path"
     S, WK, D, U = cfg.slices, cfg.k_threads // WARP, cfg.stages, cfg.unroll
+    partials = S > 1 or cfg.persist  # the sliced epilogue: every partial through shared memory
     R = MMA_ROWS // S
     MG = cfg.m // cfg.token_groups  # tokens per group: group h's A row i is token h * MG + i // S
     tiles = cfg.mma_tiles
@@ -125,7 +135,7 @@ def _mma(cfg, n, k, cta, reads, counts, stored):
                         a_ks, b_ks = kpos[i % 8, q], kpos[j, q]
                         assert a_ks == b_ks, f"lanes ({i % 8},{q}) and ({j},{q}) read different k"
                         ks += [kp for kp in a_ks if kp is not None]
-                    if S > 1:
+                    if partials:
                         # the lane holding D[i][j] writes it to sRed[grp, wk, token, column, slice], once
                         key = (grp, wk, tok, col, j % S)
                         assert key not in sred, f"sRed{key} written twice"
@@ -133,11 +143,11 @@ def _mma(cfg, n, k, cta, reads, counts, stored):
                     elif row0 + col < n:
                         for kp in ks:
                             counts[tok, row0 + col, kp : kp + 8] += 1
-        if S == 1 and wk == 0:  # the K-split warps' sums end in warp 0 of the group, which stores them
+        if not partials and wk == 0:  # the K-split warps' sums end in warp 0 of the group, which stores them
             for col in range(cfg.cols):
                 if row0 + col < n or not cfg.tail:
                     stored[:, row0 + col] += 1
-    if S > 1:
+    if partials:
         _sliced_stores(cfg, n, cta, sred, counts, stored)
 
 
