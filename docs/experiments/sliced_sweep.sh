@@ -15,7 +15,8 @@
 #                          $OUT, after the bundle's new-path GPU tests (every new kernel path against float64).
 #                          A step that fails is reported, the next one still runs, and the exit status is 1.
 # TILES (default 1,2,4,8) and MIN_CTAS (default 0; e.g. 2,3,4 adds the launch-bound twins, perf.md Next 0) pass
-# through to sliced_candidates.py; RUN (default sliced-sweep) names measure's result files,
+# through to sliced_candidates.py; SPACE=NAME takes a candidate space's configs instead (space_candidates.py:
+# SPACE=walk, the mma walk); RUN (default sliced-sweep) names measure's result files,
 # tune-sm_90a-h200-NAME-RUN.json, so a second sweep of a model does not take the committed run's name.
 # e.g. prepare .device/sweep llama-3.1-8b:1:16 qwen3-8b:1:16 qwen3-32b:1:8 llama-3.1-70b:4:8 (2026-12-03: 8 min
 # of compiling here from an empty cache, 24 MB; 1938 / 1989 / 477 / 604 timings, about 3 min of H200 time by tune prepare's estimate before
@@ -63,8 +64,13 @@ EOF
 )
       [ -n "$shapes" ] || { echo "sliced_sweep.sh: kernels/models/$slug.json has no candidate shape at TP $tp" >&2; exit 2; }
       rm -rf "$bundle/plans-$name" "$bundle/cells-$name"
-      "$PY" docs/experiments/sliced_candidates.py "$bundle/plans-$name" $shapes --m "$m" --token-groups "$groups" \
-        --tiles "${TILES:-1,2,4,8}" --token-stages "$lead" --min-ctas "${MIN_CTAS:-0}"
+      if [ -n "${SPACE:-}" ]; then
+        # one space of kernels/candidates.json instead of the sliced grid (SPACE=walk: the mma walk), PDL on and off
+        "$PY" docs/experiments/space_candidates.py "$bundle/plans-$name" "$SPACE" $shapes --m "$m" --pdl-twins
+      else
+        "$PY" docs/experiments/sliced_candidates.py "$bundle/plans-$name" $shapes --m "$m" --token-groups "$groups" \
+          --tiles "${TILES:-1,2,4,8}" --token-stages "$lead" --min-ctas "${MIN_CTAS:-0}"
+      fi
       earlier=()
       for run in sliced ring2 "m$m-sliced-sweep"; do
         f=kernels/plans/tuning/sm_90a/tune-sm_90a-h200-$slug-tp$tp-$run.json
