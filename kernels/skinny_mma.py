@@ -273,10 +273,10 @@ class SkinnyMma(Launcher):
     def walk(self, w0, tokens, wbuf, acc, r_half, grp, wk, lane, bidx, out, residual, n):
         """``persist``: this CTA's row groups, ``gridDim`` apart, with every token of the warp's K range in registers.
 
-        The tokens are loaded once, after the PDL wait (the first group's first stages go out before it). Each
-        group runs ``pipeline``'s trips with the token buffer of every step its own (``walk_order``); the last
-        trip's refills are the next group's first stages (past the CTA's last group: this group's rows again, L2
-        hits rather than a branch), so the weight stream does not stop for the epilogue. Every thread of a group
+        The tokens are loaded once, after the PDL wait (the first group's first stages go out before it), each
+        step's in a register buffer of its own. Each group runs ``walk_order``: the register pipeline's refills,
+        of which the last stages - 1 are the next group's first stages (past the CTA's last group: this group's
+        rows again, L2 hits rather than a branch), so the weight stream does not stop for the epilogue. Every thread of a group
         sums some of its outputs (the sliced epilogue at any ``slices``: at 16 K-split warps, warp 0 alone adding
         them kept the rest at the barrier).
         """
