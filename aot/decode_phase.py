@@ -28,7 +28,7 @@ import dataclasses
 from ..kernels.config import ConfigError, KernelConfig
 from ..runtime import modelfile
 from ..runtime.jsonfile import InputError
-from .results import CUBLAS, isolated_winners
+from .results import CUBLAS, confirmed, fallback_pick, isolated_winners
 
 # Per cell, how many of the fastest isolated winners are re-timed inside the decode step
 # (each with its no-PDL twin, where that twin is a winner too).
@@ -39,9 +39,9 @@ DECODE_PASSES = 2
 # A family swap must make the steps this much faster: its first H200 run (M=2) swapped three
 # cells for 0.3 us in 1810, inside the noise, where the effect it exists for was 50 us in 750.
 FAMILY_MARGIN = 0.01
-# The confirm step: the passes' choices for an M must beat the alone-fastest set by this share of the
-# step (summed over TPs), timed interleaved with CONFIRM_TRIALS times the phase's trials.
-CONFIRM_MARGIN = 0.005
+# The confirm step: the passes' choices for an M must beat the alone-fastest set by CONFIRM_MARGIN (aot/results.py,
+# which `tune write` applies again to every committed run) of the step summed over TPs, timed interleaved with
+# CONFIRM_TRIALS times the phase's trials.
 CONFIRM_TRIALS = 3
 
 
@@ -214,20 +214,20 @@ def decode_phase(
 
 def _confirm(lib, bufs: dict, m: int, keys: list, cells: dict, choice: dict, alone: dict, trials: int) -> None:
     """Keep the passes' choices at ``m`` only if the whole step (summed over its TPs) is CONFIRM_MARGIN faster with
-    them than with the fallback set (`_fallback`: every cell on its alone-fastest candidate, or on cuBLAS where
+    them than with the fallback set (`fallback_pick`: every cell on its alone-fastest candidate, or on cuBLAS where
     the step found that faster); else every cell of ``m`` goes back to that set.
 
     Both sets are timed interleaved, ``trials`` replays each: one timing of a step that the passes
     saw 5-20 us apart in 5600 cannot tell them apart (H200, 2026-12-02).
     """
     at_m = {key: pick for key, pick in choice.items() if key[2] == m}
-    alone_m = {key: _fallback(cells[key], pick, at_m.get(key)) for key, pick in alone.items() if key[2] == m}
+    alone_m = {key: fallback_pick(cells[key], at_m.get(key)) for key in alone if key[2] == m}
     if at_m == alone_m:
         record = {"kept": True, "step_us": {}, "note": "the decode choices are the fallback set"}
     else:
         tps = sorted(bufs)
         per = _time_steps(lib, bufs, m, {"decode": dict(choice), "alone": {**choice, **alone_m}}, tps, trials)
-        kept = sum(per["decode"].values()) < (1 - CONFIRM_MARGIN) * sum(per["alone"].values())
+        kept = confirmed(per)
         record = {"kept": kept, "step_us": {lb: {str(tp): us for tp, us in v.items()} for lb, v in per.items()}}
         if not kept:
             choice.update(alone_m)
@@ -237,21 +237,6 @@ def _confirm(lib, bufs: dict, m: int, keys: list, cells: dict, choice: dict, alo
         if not record["kept"]:
             decode["passes_chosen"] = decode["chosen"]
             decode["chosen"] = alone_m[key]
-
-
-def _fallback(row: dict, alone_pick, pick):
-    """One cell's pick in the confirm step's fallback set: cuBLAS where the passes chose it or where its
-    alone-fastest candidate was no faster than cuBLAS in the cell's own step timing, else that candidate.
-
-    The fallback exists to undo kernel-against-kernel picks within the noise, not to plan a kernel the step found
-    slower than cuBLAS (on the H200, 2026-12-03: Mistral-Small-24B's 5120x4096 and 6144x5120 at M = 8, Llama-3.1-8B's
-    down_proj ring at M = 16, 7666.3 against 7663.2 us)."""
-    if pick == CUBLAS:
-        return CUBLAS
-    timed = row.get("decode", {}).get("step_us", {})
-    if alone_pick in timed and CUBLAS in timed and sum(timed[CUBLAS].values()) <= sum(timed[alone_pick].values()):
-        return CUBLAS
-    return alone_pick
 
 
 def _step_data(step: dict, m: int, device, read_cap: int | None = None):

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from ..kernels.config import KernelConfig
 from ..runtime.manifest import dumps
-from .decode_phase import CONFIRM_MARGIN, DECODE_PASSES, DECODE_TOP, confirm_replays, decode_phase
+from .decode_phase import DECODE_PASSES, DECODE_TOP, confirm_replays, decode_phase
 from .prepare import CELLS_FILE
-from .results import MIN_SPEEDUP
+from .results import CONFIRM_MARGIN, MIN_SPEEDUP
 
 
 def measure(
@@ -110,7 +110,7 @@ def measure(
                 "; then per M the whole steps with these choices against every cell on its alone-fastest "
                 "candidate (cuBLAS where the passes chose it or found it faster than that candidate), interleaved, "
                 f"median of {confirms} trials: the choices are kept only if their sum over the TPs is "
-                f"{CONFIRM_MARGIN:.1%} lower, else that M goes back to that fallback set"
+                f"{CONFIRM_MARGIN:.2%} lower, else that M goes back to that fallback set"
                 if confirms
                 else "; no confirm step"
             )

@@ -20,6 +20,50 @@ MIN_SPEEDUP = 1.05
 # The decode phase's name for cuBLAS as a cell's candidate: a cell whose kernels all lose inside the served step
 # stays on cuBLAS (no plan entry), while the other cells of its M keep theirs.
 CUBLAS = "cublas"
+# The confirm step: an M's decode choices must make the whole step (summed over TPs) this much faster than the
+# fallback set. Fitted to the H200's spread (docs/experiments/confirm_noise.py, docs/results/confirm-noise.json):
+# 30 pairs of timings of one choice set within a run (19 runs) differ by 0.083% rms, at most 0.22%; 3 x rms
+# rounded up to 0.05%. The first guess, 0.5%, threw away choices 0.3-0.49% faster (4-6 x that spread).
+CONFIRM_MARGIN = 0.0025
+
+
+def confirmed(step_us: dict) -> bool:
+    """The confirm step's rule on its timings ({"decode": {tp: us}, "alone": {tp: us}}): decode under (1 - margin) x alone."""
+    return sum(step_us["decode"].values()) < (1 - CONFIRM_MARGIN) * sum(step_us["alone"].values())
+
+
+def fallback_pick(row: dict, pick):
+    """One cell's pick in the confirm step's fallback set: cuBLAS where the passes chose it (``pick``) or where the
+    cell's alone-fastest candidate was no faster than cuBLAS in the cell's own step timing, else that candidate.
+
+    The fallback exists to undo kernel-against-kernel picks within the noise, not to plan a kernel the step found
+    slower than cuBLAS (on the H200, 2026-12-03: Mistral-Small-24B's 5120x4096 and 6144x5120 at M = 8, Llama-3.1-8B's
+    down_proj ring at M = 16, 7666.3 against 7663.2 us)."""
+    if pick == CUBLAS:
+        return CUBLAS
+    alone = (isolated_winners(row) or [None])[0]
+    timed = row.get("decode", {}).get("step_us", {})
+    if alone in timed and CUBLAS in timed and sum(timed[CUBLAS].values()) <= sum(timed[alone].values()):
+        return CUBLAS
+    return alone
+
+
+def step_choice(row: dict) -> tuple[str | None, bool]:
+    """(a cell's decode-phase choice, whether the confirm step stands behind it) under today's CONFIRM_MARGIN.
+
+    A results file records the confirm step's timings, its verdict under the margin of its day and, where that
+    verdict reverted the passes' choices, ``passes_chosen``. The verdict is taken again from the timings, so a
+    margin fitted since applies to every committed run: kept now, the passes' choice; reverted now, the fallback.
+    """
+    decode = row.get("decode", {})
+    chosen = decode.get("chosen")
+    confirm = decode.get("confirm", {})
+    if not confirm.get("step_us"):  # no confirm step, or the choices were the fallback set already
+        return chosen, confirm.get("kept", True)
+    kept = confirmed(confirm["step_us"])
+    if kept == confirm["kept"]:
+        return chosen, kept
+    return (decode["passes_chosen"], True) if kept else (fallback_pick(row, chosen), False)
 
 
 def isolated_winners(row: dict, min_speedup: float = MIN_SPEEDUP) -> list[str]:
@@ -90,6 +134,20 @@ def read_results(path) -> dict:
         confirm = f.obj(decode.get("confirm", {}), f"{place} decode field 'confirm'")
         if "kept" in confirm:
             f.boolean(confirm["kept"], f"{place} decode.confirm field 'kept'")
+        if confirm.get("step_us"):
+            for label in ("decode", "alone"):
+                for tp, us in f.obj(
+                    f.get(confirm["step_us"], label, f"{place} decode.confirm.step_us "),
+                    f"{place} decode.confirm.step_us field {label!r}",
+                ).items():
+                    if type(us) not in (int, float) or not us > 0:
+                        f.fail(f"{place} decode.confirm.step_us.{label} field {tp!r}", us, "a positive number")
+            if confirm.get("kept") is False and type(decode.get("passes_chosen")) is not str:
+                f.fail(
+                    f"{place} decode field 'passes_chosen'",
+                    decode.get("passes_chosen"),
+                    "the passes' choice (a reverted confirm)",
+                )
     return data
 
 
@@ -105,8 +163,7 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
     entries, skipped, in_step = [], 0, 0
     for data, row in merged:
         winners = isolated_winners(row, min_speedup)
-        decode = row.get("decode", {})
-        chosen = decode.get("chosen")
+        chosen, kept = step_choice(row)
         if not winners or chosen == CUBLAS:
             skipped += 1
             in_step += bool(winners)
@@ -125,7 +182,7 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
             "speedup": round(speedup, 3),
             "method": data["method"],
         }
-        if name == chosen and decode.get("confirm", {}).get("kept", True):
+        if name == chosen and kept:
             prov["chosen_in"] = "decode step"
         entries.append(plans.PlanEntry(row["n"], row["k"], row["m"], cfg, prov))
     runs = sorted({(d["gpu"], d["date"]) for d, _ in merged})

@@ -34,9 +34,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .decode_phase import CONFIRM_MARGIN, CONFIRM_TRIALS, DECODE_PASSES, DECODE_TOP
+from .decode_phase import CONFIRM_TRIALS, DECODE_PASSES, DECODE_TOP
 from .prepare import FROM_RESULTS_BEST
-from .results import MIN_SPEEDUP
+from .results import CONFIRM_MARGIN, MIN_SPEEDUP
 
 
 def add_arguments(p) -> None:

@@ -132,7 +132,7 @@ def test_measure_cli_takes_confirm_trials(capsys, tmp_path):
     assert "--confirm-trials: -1 is not >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["tune", "measure", "--help"])
-    assert "alone-fastest by 0.5% (default 3 x --trials" in " ".join(capsys.readouterr().out.split())
+    assert "alone-fastest by 0.25% (default 3 x --trials" in " ".join(capsys.readouterr().out.split())
 
 
 def test_measure_without_a_gpu_is_one_line(capsys, tmp_path, monkeypatch):
@@ -260,3 +260,67 @@ def test_cells_on_cublas_form_no_family(timed):
     _run(lib, rows, confirm_trials=0)
     assert [r["decode"]["chosen"] for r in rows] == ["cublas", "cublas"]
     assert not any("family_check" in r["decode"] for r in rows)
+
+
+@pytest.mark.parametrize(
+    "recorded_kept, decode_us, entry, chosen_in",
+    [
+        # reverted under the 0.5% of its day, 0.4% faster: kept under today's margin, the passes' choice stands
+        (False, 996.0, "y1", "decode step"),
+        # reverted, 0.1% faster (inside today's margin too): the fallback stays
+        (False, 999.0, "x1", None),
+        # kept, 0.1% faster (a record under a looser margin): reverted, the fallback (the alone-fastest)
+        (True, 999.0, "x1", None),
+        # kept, 0.4% faster: the passes' choice
+        (True, 996.0, "y1", "decode step"),
+    ],
+)
+def test_write_takes_the_confirm_verdict_again_under_todays_margin(
+    recorded_kept, decode_us, entry, chosen_in, tmp_path
+):
+    """tune write re-decides each M's confirm step from its recorded timings with CONFIRM_MARGIN (0.25%), so a margin
+    fitted after a run applies to it; the cases straddle the margin from both recorded verdicts."""
+    from skinny_gemm.aot.results import CONFIRM_MARGIN
+
+    assert CONFIRM_MARGIN == 0.0025
+    x_cfg, y_cfg = candidates.candidates(32, 64, 1)[:2]
+    confirm = {"kept": recorded_kept, "step_us": {"decode": {"1": decode_us}, "alone": {"1": 1000.0}}}
+    decode = {"chosen": "y1" if recorded_kept else "x1", "confirm": confirm, "step_us": {}}
+    if not recorded_kept:
+        decode["passes_chosen"] = "y1"
+    row = {
+        "n": 32,
+        "k": 64,
+        "m": 1,
+        "cublas_us": 10.0,
+        "candidates": {"x1": {**cand(5.0), "config": x_cfg.to_json()}, "y1": {**cand(6.0), "config": y_cfg.to_json()}},
+        "decode": decode,
+    }
+    src = tmp_path / "results.json"
+    data = {"arch": "sm_90a", "gpu": "test GPU", "date": "2026-12-03", "method": "synthetic", "cells": [row]}
+    src.write_text(json.dumps(data))
+    write_plan(src, out=tmp_path / "plan.json")
+    _, (planned,) = plans.load(tmp_path / "plan.json")
+    assert planned.config == {"x1": x_cfg, "y1": y_cfg}[entry]
+    assert planned.provenance.get("chosen_in") == chosen_in
+
+
+def test_a_reverted_confirm_without_the_passes_choice_is_one_error(tmp_path):
+    from skinny_gemm.aot.results import read_results
+
+    x_cfg = candidates.candidates(32, 64, 1)[0]
+    row = {
+        "n": 32,
+        "k": 64,
+        "m": 1,
+        "cublas_us": 10.0,
+        "candidates": {"x1": {**cand(5.0), "config": x_cfg.to_json()}},
+        "decode": {
+            "chosen": "x1",
+            "confirm": {"kept": False, "step_us": {"decode": {"1": 996.0}, "alone": {"1": 1e3}}},
+        },
+    }
+    src = tmp_path / "results.json"
+    src.write_text(json.dumps({"arch": "sm_90a", "gpu": "g", "date": "d", "method": "m", "cells": [row]}))
+    with pytest.raises(ValueError, match="passes_chosen"):
+        read_results(src)
