@@ -205,14 +205,14 @@ def decode_phase(
             bar.update(1)
         _family_check(lib, bufs, m, group, cells, choice, trials)
         if confirm_trials:
-            _confirm(lib, bufs, m, [(n, k, m) for n, k, _ in group], cells, choice, alone, confirm_trials)
+            _confirm(lib, bufs, m, [(n, k, m) for n, k, _ in group], cells, choice, confirm_trials)
         del bufs
         if getattr(device, "type", "cuda") == "cuda":
             torch.cuda.empty_cache()
     bar.close()
 
 
-def _confirm(lib, bufs: dict, m: int, keys: list, cells: dict, choice: dict, alone: dict, trials: int) -> None:
+def _confirm(lib, bufs: dict, m: int, keys: list, cells: dict, choice: dict, trials: int) -> None:
     """Keep the passes' choices at ``m`` only if the whole step (summed over its TPs) is CONFIRM_MARGIN faster with
     them than with the fallback set (`fallback_pick`: every cell on its alone-fastest candidate, or on cuBLAS where
     the step found that faster); else every cell of ``m`` goes back to that set.
@@ -221,7 +221,7 @@ def _confirm(lib, bufs: dict, m: int, keys: list, cells: dict, choice: dict, alo
     saw 5-20 us apart in 5600 cannot tell them apart (H200, 2026-12-02).
     """
     at_m = {key: pick for key, pick in choice.items() if key[2] == m}
-    alone_m = {key: fallback_pick(cells[key], at_m.get(key)) for key in alone if key[2] == m}
+    alone_m = {key: fallback_pick(cells[key], pick) for key, pick in at_m.items()}
     if at_m == alone_m:
         record = {"kept": True, "step_us": {}, "note": "the decode choices are the fallback set"}
     else:

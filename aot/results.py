@@ -131,24 +131,41 @@ def read_results(path) -> dict:
         decode = f.obj(row.get("decode", {}), f"{place} field 'decode'")
         if "chosen" in decode and type(decode["chosen"]) is not str:
             f.fail(f"{place} decode field 'chosen'", decode["chosen"], "a candidate name")
-        confirm = f.obj(decode.get("confirm", {}), f"{place} decode field 'confirm'")
-        if "kept" in confirm:
-            f.boolean(confirm["kept"], f"{place} decode.confirm field 'kept'")
-        if confirm.get("step_us"):
-            for label in ("decode", "alone"):
-                for tp, us in f.obj(
-                    f.get(confirm["step_us"], label, f"{place} decode.confirm.step_us "),
-                    f"{place} decode.confirm.step_us field {label!r}",
-                ).items():
-                    if type(us) not in (int, float) or not us > 0:
-                        f.fail(f"{place} decode.confirm.step_us.{label} field {tp!r}", us, "a positive number")
-            if confirm.get("kept") is False and type(decode.get("passes_chosen")) is not str:
-                f.fail(
-                    f"{place} decode field 'passes_chosen'",
-                    decode.get("passes_chosen"),
-                    "the passes' choice (a reverted confirm)",
-                )
+        _check_confirm(f, place, decode)
     return data
+
+
+def _check_confirm(f: Fields, place: str, decode: dict) -> None:
+    """A cell's confirm record, as `step_choice` reads it: with timings, a verdict, the same TPs on both sides, and
+    where the verdict reverted, the passes' choice."""
+    confirm = f.obj(decode.get("confirm", {}), f"{place} decode field 'confirm'")
+    if "kept" in confirm:
+        f.boolean(confirm["kept"], f"{place} decode.confirm field 'kept'")
+    timed = confirm.get("step_us")
+    if not timed:
+        return
+    f.boolean(f.get(confirm, "kept", f"{place} decode.confirm "), f"{place} decode.confirm field 'kept'")
+    f.obj(timed, f"{place} decode.confirm field 'step_us'")
+    sides = {}
+    for label in ("decode", "alone"):
+        sides[label] = f.obj(
+            f.get(timed, label, f"{place} decode.confirm.step_us "), f"{place} decode.confirm.step_us field {label!r}"
+        )
+        for tp, us in sides[label].items():
+            if type(us) not in (int, float) or not us > 0:
+                f.fail(f"{place} decode.confirm.step_us.{label} field {tp!r}", us, "a positive number")
+    if set(sides["decode"]) != set(sides["alone"]):
+        f.fail(
+            f"{place} decode.confirm.step_us field 'alone'",
+            sorted(sides["alone"]),
+            f"the TPs of 'decode' {sorted(sides['decode'])}",
+        )
+    if confirm["kept"] is False and type(decode.get("passes_chosen")) is not str:
+        f.fail(
+            f"{place} decode field 'passes_chosen'",
+            decode.get("passes_chosen"),
+            "the passes' choice (a reverted confirm)",
+        )
 
 
 def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = None) -> tuple[Path, int, int]:

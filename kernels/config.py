@@ -286,7 +286,7 @@ class KernelConfig:
         share = SM_REGISTERS // self.threads
         if self.kind == "mma" and self.persist:
             # a walk of 2 or more CTAs per SM (min_ctas) must fit under the bound's cap
-            return min(PTXAS_MAX_REGISTERS, share, self.register_cap or share) - PERSIST_ADDRESS_REGISTERS
+            return min(PTXAS_MAX_REGISTERS, share // 8 * 8, self.register_cap or share) - PERSIST_ADDRESS_REGISTERS
         return min(REGISTER_BUDGET, share * 2 // 3)
 
     @property

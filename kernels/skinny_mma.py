@@ -295,16 +295,8 @@ class SkinnyMma(Launcher):
         for j in cutlass.range_constexpr(D - 1):
             self.load_weight(first, wbuf, j, j, r_half)
         wait_previous_grid(cfg)
-        # Masked once here, not per MMA: an AND of a loop-invariant register is hoisted out of the walk by ptxas,
-        # which then held a masked copy of every token word (M = 8 walks: 128 registers and a 80-408 byte stack
-        # for a 76-104 register rule).
-        _, keep, _, keep2, _ = tokens
-        TL = cfg.token_loads
         for s in cutlass.range_constexpr(STEPS):
             self.load_token(tokens, xres, s, s)
-            for u in cutlass.range_constexpr(cfg.unroll):
-                for i in cutlass.range_constexpr(4 * TL * cfg.token_groups):
-                    xres[s, u, i] = xres[s, u, i] & (keep2 if i % (4 * TL) >= 4 else keep)
         for rg in cutlass.range(bidx, groups, nct, unroll=1):
             nxt = rg + nct
             over = (groups - 1 - nxt) >> 31  # all ones past the last group
@@ -454,8 +446,6 @@ class SkinnyMma(Launcher):
         zero = mma_zero()
         if cutlass.const_expr(cfg.ring):
             cute.arch.inline_ptx(f"cp.async.wait_group {pending};")
-        if cutlass.const_expr(cfg.persist > 0):
-            keep, keep2 = cutlass.Int32(-1), cutlass.Int32(-1)  # the walk's tokens are masked when loaded
         for u in cutlass.range_constexpr(cfg.unroll):
             for h in cutlass.range_constexpr(cfg.token_groups):
                 # token group h's A rows: operands mma_tiles + TL * h (+ 1 for A rows g + 8)
@@ -547,6 +537,9 @@ def walk_order(stages: int, steps: int) -> list:
     s + stages - 1 - steps, so the group ends with the next one's fill in place. Every step's tokens stay in their
     own buffer (the step's index)."""
     D = stages
+    assert steps % D == 0, (
+        f"{steps} steps do not fill {D} buffers evenly: the next group's stage j must land in buffer j"
+    )
     order = []
     for s in range(steps):
         ahead = s + D - 1

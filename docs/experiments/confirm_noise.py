@@ -6,7 +6,7 @@ Inside one `tune measure` run, a token count's family check (when it swapped not
 the whole served step with the same choice set: the family check's "kept" set and the confirm step's "decode" set.
 Each (run, M, TP) gives one pair of medians of the same CUDA graph, minutes apart in the same process; their relative
 difference is the spread a comparison of two sets sees when nothing differs. The confirm step keeps a token count's
-choices only if they beat the fallback set by the margin (aot/decode_phase.py CONFIRM_MARGIN), so the margin is
+choices only if they beat the fallback set by the margin (aot/results.py CONFIRM_MARGIN), so the margin is
 3 x that spread's root mean square, rounded up to 0.05% (a one-sided false keep about 1 in 700 under a normal spread).
 The family check times `trials` replays a graph, the confirm step 3 x that, so the pairs overstate the confirm step's
 own spread: the fit errs toward keeping fewer choices.

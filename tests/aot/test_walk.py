@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 from helpers import index_emulator
-from helpers.index_emulator import coverage
+from helpers.index_emulator import coverage, walk_pointers
 
 from skinny_gemm.kernels.config import ConfigError, KernelConfig
 from skinny_gemm.kernels.skinny_mma import MMA, NEXT, WEIGHT, walk_order
@@ -157,3 +157,17 @@ def test_walk_rules():
             dataclasses.replace(base, **change).check(n=28672, k=4096)
     # without PDL the walk stays a walk (the decode phase's no-PDL twin keeps it)
     dataclasses.replace(base, pdl=False).check(n=28672, k=4096)
+
+
+@pytest.mark.parametrize("cfg, n, k", CASES, ids=IDS)
+def test_each_group_prefetches_the_next_and_the_last_its_own_rows(cfg, n, k):
+    """The kernel's pointer arithmetic, replayed: a group's ``ahead`` is the next group's ``here`` (the CTA's last
+    group: its own, rows that exist), ``here`` steps by whole row groups, and the reduction buffers alternate."""
+    r_half, span = k // 2, cfg.cols_per_cta * (k // 2)
+    for cta in range(cfg.grid(n)):
+        walk = walk_pointers(cfg, n, k, cta)
+        assert [rg for rg, *_ in walk] == list(range(cta, n // cfg.cols_per_cta, cfg.grid(n)))
+        for (rg, here, ahead, parity), after in zip(walk, walk[1:] + [None]):
+            assert here == rg * cfg.cols_per_cta * r_half and here % span == 0
+            assert ahead == (after[1] if after else here)
+            assert parity == (after[3] ^ 1 if after else parity)

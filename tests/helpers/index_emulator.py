@@ -48,6 +48,20 @@ def coverage(cfg, n, k):
     return counts, stored, reads.bad
 
 
+def walk_pointers(cfg, n, k, cta):
+    """The "mma" walk's per-group word offsets, by the kernel's own arithmetic (SkinnyMma.walk, 32-bit two's
+    complement): (row group, ``here`` - w0, ``ahead`` - w0, reduction buffer parity) for each group of CTA ``cta``."""
+    r_half, nct, groups = k // 2, cfg.grid(n), n // cfg.cols_per_cta
+    span = cfg.cols_per_cta * r_half
+    found = []
+    for rg in range(cta, groups, nct):
+        nxt = rg + nct
+        over = (groups - 1 - nxt) >> 31  # Python's >> is arithmetic, as PTX's shr.s32
+        gn = (nxt & (over ^ -1)) | (rg & over)
+        found.append((rg, rg * span, gn * span, (rg - cta) // nct % 2))
+    return found
+
+
 def row_groups(cfg, n, cta):
     """The row groups CTA ``cta`` computes: its own, or with an "mma" walk (``persist``) every grid-th from it."""
     if cfg.kind == "mma" and cfg.persist:
