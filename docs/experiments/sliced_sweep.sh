@@ -67,6 +67,10 @@ EOF
       if [ -n "${SPACE:-}" ]; then
         # one space of kernels/candidates.json instead of the sliced grid (SPACE=walk: the mma walk), PDL on and off
         "$PY" docs/experiments/space_candidates.py "$bundle/plans-$name" "$SPACE" $shapes --m "$m" --pdl-twins
+        if ! ls "$bundle/plans-$name"/sl-*.json >/dev/null 2>&1; then
+          echo "== $name: skipped (no $SPACE config for its shapes)"
+          continue
+        fi
       else
         "$PY" docs/experiments/sliced_candidates.py "$bundle/plans-$name" $shapes --m "$m" --token-groups "$groups" \
           --tiles "${TILES:-1,2,4,8}" --token-stages "$lead" --min-ctas "${MIN_CTAS:-0}"
