@@ -45,7 +45,7 @@ def family(cfg: KernelConfig) -> str:
     if cfg.kind == "mma":
         if cfg.ring:
             return "mma+ring"
-        if cfg.persist:
+        if cfg.walk:
             return "mma+walk"
         return "mma+split" if cfg.split > 1 else "mma+sliced" if cfg.slices > 1 else "mma"
     return "simt+persist" if cfg.persist else cfg.kind

@@ -53,7 +53,7 @@ def confirm_replays(trials: int, confirm_trials: int | None) -> int:
 def twin(cfg: KernelConfig) -> KernelConfig:
     """``cfg`` launched without PDL: the SIMT walk (``persist``) and ``early`` need PDL, so they go too; the mma
     walk runs without it."""
-    return dataclasses.replace(cfg, pdl=False, early=False, persist=cfg.persist if cfg.kind == "mma" else 0)
+    return dataclasses.replace(cfg, pdl=False, early=False, persist=cfg.persist if cfg.walk else 0)
 
 
 def no_pdl_twins(cands: list[KernelConfig], n: int, k: int) -> list[KernelConfig]:

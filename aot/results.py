@@ -139,12 +139,11 @@ def _check_confirm(f: Fields, place: str, decode: dict) -> None:
     """A cell's confirm record, as `step_choice` reads it: with timings, a verdict, the same TPs on both sides, and
     where the verdict reverted, the passes' choice."""
     confirm = f.obj(decode.get("confirm", {}), f"{place} decode field 'confirm'")
-    if "kept" in confirm:
-        f.boolean(confirm["kept"], f"{place} decode.confirm field 'kept'")
     timed = confirm.get("step_us")
+    if "kept" in confirm or timed:  # timings need their verdict
+        f.boolean(f.get(confirm, "kept", f"{place} decode.confirm "), f"{place} decode.confirm field 'kept'")
     if not timed:
         return
-    f.boolean(f.get(confirm, "kept", f"{place} decode.confirm "), f"{place} decode.confirm field 'kept'")
     f.obj(timed, f"{place} decode.confirm field 'step_us'")
     sides = {}
     for label in ("decode", "alone"):

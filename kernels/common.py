@@ -94,6 +94,15 @@ def wait_previous_grid(cfg):
 
 
 @cute.jit
+def next_group(g, stride, groups):
+    """A walk's row group after ``g`` (``stride`` apart), or ``g`` itself past the last one: its loads then reread
+    this group's rows (L2 hits) instead of branching around them, and never name rows past N."""
+    nxt = g + stride
+    over = (groups - 1 - nxt) >> 31  # all ones past the last group
+    return (nxt & (over ^ cutlass.Int32(-1))) | (g & over)
+
+
+@cute.jit
 def store_output(cfg, out, residual, has_res, value, m, col, n):
     """Write out[m, col]; the residual (cfg.bias: the bias, 4th pointer) is added in fp32 before the single bf16 rounding.
 

@@ -245,7 +245,7 @@ class KernelConfig:
                 4 * self.mma_tiles + self.unroll * (4 * self.mma_tiles + 4 * self.token_loads),
                 "4*tiles + unroll*(4*tiles + 4*token_loads) (ring)",
             )
-        if self.kind == "mma" and self.persist:
+        if self.walk:
             # accumulators + the weight's buffered steps + every step of the warp's K range's tokens, resident
             G = self.token_groups
             return (
@@ -275,6 +275,11 @@ class KernelConfig:
         )
 
     @property
+    def walk(self) -> bool:
+        """The "mma" walk: ``persist`` on kind "mma" (the SIMT kernel's ``persist`` is its own walk)."""
+        return self.kind == "mma" and self.persist > 0
+
+    @property
     def warp_steps(self) -> int:
         """32 x slices-k steps of one warp's K range ("mma" with ``static_k``: what a persist walk keeps in registers)."""
         return self.static_k // self.k_step * self.stages * self.unroll
@@ -284,7 +289,7 @@ class KernelConfig:
         """Registers the register rule may claim per thread: a third of the thread's share kept for addresses, or for
         an "mma" walk (``persist``) a fixed PERSIST_ADDRESS_REGISTERS: its addresses do not grow with its tokens."""
         share = SM_REGISTERS // self.threads
-        if self.kind == "mma" and self.persist:
+        if self.walk:
             # a walk of 2 or more CTAs per SM (min_ctas) must fit under the bound's cap
             return min(PTXAS_MAX_REGISTERS, share // 8 * 8, self.register_cap or share) - PERSIST_ADDRESS_REGISTERS
         return min(REGISTER_BUDGET, share * 2 // 3)
@@ -328,11 +333,11 @@ class KernelConfig:
     def mma_smem(self) -> int:
         """Shared-memory bytes of an "mma" CTA: the K-split warps' partials, with ``split`` the slots CTA 0 receives,
         and with ``slices`` every warp's partial of every output and slice (even for one warp)."""
-        if self.slices > 1 or (self.kind == "mma" and self.persist):
+        if self.slices > 1 or self.walk:
             # (groups, warps, m, cols, slices) fp32: each warp's partial of each output and slice; the walk
             # (``persist``) keeps two, one per group parity
             part = self.groups * (self.k_threads // 32) * self.m * self.cols * self.slices * 4
-            return part * (2 if self.persist else 1)
+            return part * (2 if self.walk else 1)
         # (groups, tiles x c0, c1 (and c2, c3: A rows 8..15), 32 lanes) fp32 per warp
         per_warp = self.groups * (self.cols // MMA_ROWS * 2 * self.token_loads) * 32 * 4
         warps = self.k_threads // 32
@@ -439,7 +444,7 @@ class KernelConfig:
             how = (
                 f"{SM_REGISTERS} / threads={self.threads} at most {PTXAS_MAX_REGISTERS} and the launch bound's cap, "
                 f"less {PERSIST_ADDRESS_REGISTERS}"
-                if self.kind == "mma" and self.persist
+                if self.walk
                 else f"min of {REGISTER_BUDGET} and two thirds of {SM_REGISTERS} / threads={self.threads}"
             )
             raise ConfigError(f"rule 'register budget': {rule} = {regs} exceeds {budget} ({how})")
@@ -498,7 +503,7 @@ def _option_rules(c: KernelConfig) -> None:
             f"rule 'split': split={c.split} needs kind 'mma' or 'wgmma' without prefetch (kind={c.kind!r}, "
             f"prefetch={c.prefetch}): only those kernels reduce across a cluster"
         )
-    if c.persist and c.kind == "mma":
+    if c.walk:
         if c.prefetch or not c.static_k or c.ring or c.split != 1 or c.token_stages:
             raise ConfigError(
                 f"rule 'persist': persist={c.persist} with kind 'mma' needs a static K, no prefetch, ring, split or "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from .common import Launcher, compile_kernel, prologue, store_output, wait_previous_grid
+from .common import Launcher, compile_kernel, next_group, prologue, store_output, wait_previous_grid
 from .config import TAIL_K_GRAIN, KernelConfig
 
 WARP = 32
@@ -94,10 +94,7 @@ class SkinnyGemm(Launcher):
         for g in cutlass.range(bidx, groups, nct, unroll=1):
             col0 = g * cfg.cols_per_cta + grp * COLS
             wcur = self.unstash(wbuf)
-            # Past the last group, reload this one (an L2 hit) instead of branching around the loads.
-            nxt = g + nct
-            over = (groups - 1 - nxt) >> 31
-            gn = (nxt & (over ^ cutlass.Int32(-1))) | (g & over)
+            gn = next_group(g, nct, groups)
             self.stash(wbuf, self.load_weight(w, kk, gn * cfg.cols_per_cta + grp * COLS, kt * VEC, n))
             acc = cute.make_rmem_tensor((cfg.m, COLS), cutlass.Float32)  # (M, COLS) fp32 partial sums
             acc.fill(0.0)

@@ -76,7 +76,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from .common import Launcher, compile_kernel, prefetch_weight, store_output, wait_previous_grid
+from .common import Launcher, compile_kernel, next_group, prefetch_weight, store_output, wait_previous_grid
 from .config import MMA_K_STEP, MMA_ROWS, RING_SLOT, TAIL_K_GRAIN, KernelConfig
 
 WARP = 32
@@ -298,9 +298,7 @@ class SkinnyMma(Launcher):
         for s in cutlass.range_constexpr(STEPS):
             self.load_token(tokens, xres, s, s)
         for rg in cutlass.range(bidx, groups, nct, unroll=1):
-            nxt = rg + nct
-            over = (groups - 1 - nxt) >> 31  # all ones past the last group
-            gn = (nxt & (over ^ cutlass.Int32(-1))) | (rg & over)
+            gn = next_group(rg, nct, groups)
             here = w0 + cute.assume(rg * span, divby=4)
             ahead = w0 + cute.assume(gn * span, divby=4)
             acc.fill(0.0)

@@ -885,7 +885,7 @@ def test_new_paths_eager_against_float64(new_paths_table):
 
 def _path_kind(cfg) -> str:
     """A new-path case's kernel path for the negative controls: its kind, and ring or walk if set."""
-    return f"{cfg.kind}{' ring' if cfg.ring else ''}{' walk' if cfg.kind == 'mma' and cfg.persist else ''}"
+    return f"{cfg.kind}{' ring' if cfg.ring else ''}{' walk' if cfg.walk else ''}"
 
 
 @pytest.mark.parametrize("kind", ["mma", "mma ring", "mma walk", "wgmma"])

@@ -64,7 +64,7 @@ def walk_pointers(cfg, n, k, cta):
 
 def row_groups(cfg, n, cta):
     """The row groups CTA ``cta`` computes: its own, or with an "mma" walk (``persist``) every grid-th from it."""
-    if cfg.kind == "mma" and cfg.persist:
+    if cfg.walk:
         return range(cta, n // cfg.cols_per_cta, cfg.grid(n))
     return [cta]
 
