@@ -11,8 +11,9 @@
 #                          so a `run` call carries it (carry [".device/NAME"]).
 #   sliced_sweep.sh measure BUNDLE [NAME...]        H200: install that wheel, `tune measure` every cells folder
 #                          (or only cells-NAME, e.g. qwen3-8b-tp1-m16: one call per model if four run past a
-#                          call's limit) with decode top 8, 2 passes and the confirm step; results and logs under
-#                          $OUT, after the bundle's new-path GPU tests (every new kernel path against float64).
+#                          call's limit) with decode top 8, 2 passes and the confirm step; results and logs in
+#                          $OUT/sweep.tgz (a call brings back 8 files at most), after the bundle's new-path GPU
+#                          tests (every new kernel path against float64).
 #                          A step that fails is reported, the next one still runs, and the exit status is 1.
 # TILES (default 1,2,4,8) and MIN_CTAS (default 0; e.g. 2,3,4 adds the launch-bound twins, perf.md Next 0) pass
 # through to sliced_candidates.py; SPACE=NAME takes a candidate space's configs instead (space_candidates.py:
@@ -130,6 +131,9 @@ EOF
       fi
       tail -40 "$OUT/tune-$name.log"
     done
+    # a device call brings back at most 8 files: one archive of every results file and log
+    (cd "$OUT" && tar czf sweep.tgz tune-*.json tune-*.log gpu-new-paths.log 2>/dev/null \
+      && rm -f tune-*.json tune-*.log gpu-new-paths.log && echo "== results and logs in \$OUT/sweep.tgz")
     exit $failed ;;
   *) echo "sliced_sweep.sh: unknown command '$cmd' ($usage)" >&2; exit 2 ;;
 esac
