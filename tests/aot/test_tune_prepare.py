@@ -184,16 +184,21 @@ def test_from_results_adds_each_cells_fastest_exact_candidates(compiled, tmp_pat
     """--from-results: per cell the --best fastest candidates with no bad element, beside the plans' configs."""
     data = json.loads(LLAMA_SLICED.read_text())
     row = next(r for r in data["cells"] if (r["n"], r["k"], r["m"]) == (28672, 4096, 8))
+    _, entries = plans.load(plans.plan_path("sm_90a"))
+    planned = next(e.config for e in entries if (e.n, e.k, e.m) == (28672, 4096, 8))
     ranked = sorted(row["candidates"], key=lambda nm: row["candidates"][nm]["us"])
-    # the fastest candidate made wrong: it must not be taken
-    row["candidates"][ranked[0]]["bad_elements"] = 3
+    # the fastest candidate other than the plan's made wrong: it must not be taken (the plan's stays, so that
+    # the second half exercises the de-duplication)
+    wrong = next(nm for nm in ranked if KernelConfig.from_json(row["candidates"][nm]["config"]) != planned)
+    row["candidates"][wrong]["bad_elements"] = 3
+    ranked = [nm for nm in ranked if nm != wrong]
     results = tmp_path / "r.json"
     results.write_text(json.dumps(data))
     line = prepare(
         "sm_90a", None, tmp_path / "out", ms=[8], model="llama-3.1-8b", tps=[1], from_results=[results], best=2
     )
     got = {(r["n"], r["k"], r["m"]): r["candidates"] for r in _spec(tmp_path / "out")["cells"]}
-    want = [row["candidates"][nm]["config"] for nm in ranked[1:3]]
+    want = [row["candidates"][nm]["config"] for nm in ranked[:2]]
     assert [KernelConfig.from_json(c) for c in got[(28672, 4096, 8)]] == [KernelConfig.from_json(c) for c in want]
     assert all(len(v) <= 2 for v in got.values()) and "built" in line
     # beside --from-plans: the plan's config first, a results config it already holds not repeated
@@ -209,8 +214,6 @@ def test_from_results_adds_each_cells_fastest_exact_candidates(compiled, tmp_pat
         from_plans=[plans.plan_path("sm_90a")],
     )
     both = {(r["n"], r["k"], r["m"]): r["candidates"] for r in _spec(tmp_path / "both")["cells"]}
-    _, entries = plans.load(plans.plan_path("sm_90a"))
-    planned = next(e.config for e in entries if (e.n, e.k, e.m) == (28672, 4096, 8))
     from_runs = [KernelConfig.from_json(c) for c in want]
     assert [KernelConfig.from_json(c) for c in both[(28672, 4096, 8)]] == [planned] + [
         c for c in from_runs if c != planned

@@ -97,3 +97,48 @@ def run(cfg, ring_slot, pipeline, k: int, skew: dict | None = None) -> Lane:
     if lane.unread:
         lane.errors.append(f"{len(lane.unread)} slots copied and never read")
     return lane
+
+
+def run_walk(cfg, ring_slot, fill, order, groups: list, skew: dict | None = None) -> Lane:
+    """Replay lane 0 of warp 0 of a ``persist`` walk with ``ring`` over the row groups ``groups`` (one CTA's, in
+    walk order); returns the lane after the kernel's closing ``cp.async.wait_all``.
+
+    ``fill(stages)`` and ``order(stages, steps)`` are the kernel's (``skinny_mma.walk_fill`` / ``walk_ring``): the
+    first group's first stages, then per group its loads (WEIGHT: this group's stage, NEXT: the next group's, past
+    the last this one's again), commits and MMAs. Only the weight goes through the ring (the tokens stay in
+    registers), so a slot's content is (tile, group, stage, step). The last group's NEXT copies are never read:
+    they must have landed by the end and are returned in ``lane.unread``. ``skew`` "wait" adds to every wait's
+    pending count.
+    """
+    skew = skew or {}
+    D, U = cfg.stages, cfg.unroll
+    steps = cfg.warp_steps // U
+    lane = Lane()
+
+    def copy(buf, stage, group):
+        for u in range(U):
+            for p in range(cfg.ring_operands):
+                lane.copy(ring_slot(cfg, 0, buf, u, p), (p, group, stage, u))
+
+    for op, *args in fill(D):
+        if op == "weight":
+            copy(args[0], args[1], groups[0])
+        else:
+            lane.commit()
+    for i, group in enumerate(groups):
+        ahead = groups[i + 1] if i + 1 < len(groups) else group
+        for op, *args in order(D, steps):
+            if op in ("weight", "next group's weight"):
+                copy(args[0], args[1], group if op == "weight" else ahead)
+            elif op == "commit":
+                lane.commit()
+            elif op == "mma":
+                buf, stage, pending = args
+                lane.wait(pending + skew.get("wait", 0))
+                for u in range(U):
+                    for p in range(cfg.ring_operands):
+                        lane.read(ring_slot(cfg, 0, buf, u, p), (p, group, stage, u))
+            else:
+                lane.errors.append(f"unknown op {op}")
+    lane.wait(0)
+    return lane
