@@ -77,7 +77,7 @@ EOF
           --tiles "${TILES:-1,2,4,8}" --token-stages "$lead" --min-ctas "${MIN_CTAS:-0}"
       fi
       earlier=()
-      for run in sliced ring2 "m$m-sliced-sweep" "m$m-bounds-sweep"; do
+      for run in sliced ring2 "m$m-sliced-sweep" "m$m-bounds-sweep" "m$m-walk"; do
         f=kernels/plans/tuning/sm_90a/tune-sm_90a-h200-$slug-tp$tp-$run.json
         [ -f "$f" ] && earlier+=("$f")
       done
