@@ -28,7 +28,16 @@ WALKS = [
     (KernelConfig(m=16, threads=256, k_threads=256, cols=8, stages=8, unroll=1, static_k=4096, **WALK), 4096),
     (
         KernelConfig(
-            m=16, threads=256, k_threads=256, cols=8, stages=4, unroll=1, static_k=4096, slices=2, token_groups=2, **WALK
+            m=16,
+            threads=256,
+            k_threads=256,
+            cols=8,
+            stages=4,
+            unroll=1,
+            static_k=4096,
+            slices=2,
+            token_groups=2,
+            **WALK,
         ),
         4096,
     ),
@@ -141,9 +150,11 @@ def test_a_wrong_edit_of_the_walks_order_is_caught(edit):
     if edit == "wait one too few":
         skew = {"wait": 1}
     elif edit == "one commit per group":
+
         def order(d, n):
             return [op for op in walk_ring(d, n) if op[0] != "commit"] + [("commit",)]
     elif edit == "the next group's stages from this group":
+
         def order(d, n):
             return [("weight", *op[1:]) if op[0] == "next group's weight" else op for op in walk_ring(d, n)]
     else:
