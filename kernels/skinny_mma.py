@@ -325,9 +325,9 @@ class SkinnyMma(Launcher):
             parity = (rg - bidx) // nct % 2
             sRed = reduction_buffer(cfg, red + cute.assume(parity * half, divby=4))
             reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, sRed)
-        if cutlass.const_expr(cfg.ring):
-            # the last group's refills (its own rows again) must land before the CTA's shared memory is released
-            cute.arch.inline_ptx("cp.async.wait_all;")
+        for _, pending in WALK_CLOSE:
+            if cutlass.const_expr(cfg.ring):
+                cute.arch.inline_ptx(f"cp.async.wait_group {pending};")
 
     @cute.jit
     def trip(self, w_lane, tokens, wbuf, xbuf, acc, t, r_half):
@@ -565,6 +565,12 @@ def walk_fill(stages: int) -> list:
     """The walk's fill, before the PDL wait: the first group's stages 0..stages-2, each its own commit group (with
     ``ring``; the register walk's commits are nothing)."""
     return [op for j in range(stages - 1) for op in ((WEIGHT, j, j), (COMMIT,))]
+
+
+# The walk's close: the last group's refills (its own rows again) land before the CTA's shared memory is released
+# (with ``ring``; the register walk's loads are its own registers): (WAIT, commit groups left pending).
+WAIT = "wait"
+WALK_CLOSE = [(WAIT, 0)]
 
 
 def walk_ring(stages: int, steps: int) -> list:

@@ -99,16 +99,17 @@ def run(cfg, ring_slot, pipeline, k: int, skew: dict | None = None) -> Lane:
     return lane
 
 
-def run_walk(cfg, ring_slot, fill, order, groups: list, skew: dict | None = None) -> Lane:
+def run_walk(cfg, ring_slot, fill, order, close, groups: list, skew: dict | None = None) -> Lane:
     """Replay lane 0 of warp 0 of a ``persist`` walk with ``ring`` over the row groups ``groups`` (one CTA's, in
-    walk order); returns the lane after the kernel's closing ``cp.async.wait_all``.
+    walk order); returns the lane after the kernel's close.
 
-    ``fill(stages)`` and ``order(stages, steps)`` are the kernel's (``skinny_mma.walk_fill`` / ``walk_ring``): the
+    ``fill(stages)``, ``order(stages, steps)`` and ``close`` are the kernel's (``skinny_mma.walk_fill`` /
+    ``walk_ring`` / ``WALK_CLOSE``, whose waits must leave no copy in flight at exit): the
     first group's first stages, then per group its loads (WEIGHT: this group's stage, NEXT: the next group's, past
     the last this one's again), commits and MMAs. Only the weight goes through the ring (the tokens stay in
     registers), so a slot's content is (tile, group, stage, step). The last group's NEXT copies are never read:
-    they must have landed by the end and are returned in ``lane.unread``. ``skew`` "wait" adds to every wait's
-    pending count.
+    they must have landed by the end and are returned in ``lane.unread``. ``skew`` "wait" adds to every MMA's
+    wait's pending count, "refill" shifts the buffer each load fills.
     """
     skew = skew or {}
     D, U = cfg.stages, cfg.unroll
@@ -129,7 +130,7 @@ def run_walk(cfg, ring_slot, fill, order, groups: list, skew: dict | None = None
         ahead = groups[i + 1] if i + 1 < len(groups) else group
         for op, *args in order(D, steps):
             if op in ("weight", "next group's weight"):
-                copy(args[0], args[1], group if op == "weight" else ahead)
+                copy((args[0] + skew.get("refill", 0)) % D, args[1], group if op == "weight" else ahead)
             elif op == "commit":
                 lane.commit()
             elif op == "mma":
@@ -140,5 +141,8 @@ def run_walk(cfg, ring_slot, fill, order, groups: list, skew: dict | None = None
                         lane.read(ring_slot(cfg, 0, buf, u, p), (p, group, stage, u))
             else:
                 lane.errors.append(f"unknown op {op}")
-    lane.wait(0)
+    for _, pending in close:
+        lane.wait(pending)
+    if any(lane.pending.values()):
+        lane.errors.append(f"{sum(lane.pending.values())} copies still in flight when the CTA exits")
     return lane
