@@ -70,7 +70,7 @@ rows per warp; tokens kept in registers, 1-3 stages ahead, lost (docs/perf.md).
 Ring on a walk (``ring`` with ``persist``): only the weight goes through the ring, each copy its own commit
 group (``walk_ring``), each MMA waiting until at most stages - 1 later groups are pending; the tokens stay in
 the walk's registers (no token slots). The last group's refills (its own rows again) land before the CTA
-exits (``cp.async.wait_all``), so no copy writes shared memory a next CTA may hold. Why: the register walk
+exits (``WALK_CLOSE``: a wait for every group), so no copy writes shared memory a next CTA may hold. Why: the register walk
 held 48-56 KB of weight in flight per SM and reached cuBLAS's time on gate_up at M = 16, not the M = 8
 pick's, which holds 96 KB; in shared memory 2-4 row tiles of up to 15 stages in flight fit beside the tokens.
 
