@@ -241,28 +241,23 @@ class KernelConfig:
         if self.kind == "bulk":
             # accumulators + one step's weight fragments per tile + its token words, per unrolled step
             return self.cols // 2 + self.unroll * (self.cols // 2 + 4), "cols/2 + unroll*(cols/2 + 4)"
-        if self.walk and self.ring:
-            # accumulators + one step's weight words, read back from the ring right before its MMAs + every step
-            # of the warp's K range's tokens, resident
+        if self.walk:
+            # accumulators + the weight's buffered steps (with ``ring``: the one step read back from shared memory
+            # right before its MMAs) + every step of the warp's K range's tokens, resident
             G = self.token_groups
+            held, what = (1, "(persist, ring)") if self.ring else (self.stages, "(persist)")
             return (
-                4 * self.mma_tiles * G + self.unroll * 4 * self.mma_tiles + self.warp_steps * 4 * self.token_loads * G,
-                "4*tiles*token_groups + unroll*4*tiles + warp_steps*4*token_loads*token_groups (persist, ring)",
+                4 * self.mma_tiles * G
+                + held * self.unroll * 4 * self.mma_tiles
+                + self.warp_steps * 4 * self.token_loads * G,
+                f"4*tiles*token_groups + {'' if self.ring else 'stages*'}unroll*4*tiles"
+                f" + warp_steps*4*token_loads*token_groups {what}",
             )
         if self.kind == "mma" and self.ring:
             # accumulators + one step's operands, read back from the ring right before its MMAs
             return (
                 4 * self.mma_tiles + self.unroll * (4 * self.mma_tiles + 4 * self.token_loads),
                 "4*tiles + unroll*(4*tiles + 4*token_loads) (ring)",
-            )
-        if self.walk:
-            # accumulators + the weight's buffered steps + every step of the warp's K range's tokens, resident
-            G = self.token_groups
-            return (
-                4 * self.mma_tiles * G
-                + self.stages * self.unroll * 4 * self.mma_tiles
-                + self.warp_steps * 4 * self.token_loads * G,
-                "4*tiles*token_groups + stages*unroll*4*tiles + warp_steps*4*token_loads*token_groups (persist)",
             )
         if self.kind == "mma":
             # accumulators (4 per tile and token group) + per buffered step: 4 weight words per tile + 4 words per

@@ -326,8 +326,7 @@ class SkinnyMma(Launcher):
             sRed = reduction_buffer(cfg, red + cute.assume(parity * half, divby=4))
             reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, sRed)
         for _, pending in WALK_CLOSE:
-            if cutlass.const_expr(cfg.ring):
-                cute.arch.inline_ptx(f"cp.async.wait_group {pending};")
+            wait_groups(cfg, pending)
 
     @cute.jit
     def trip(self, w_lane, tokens, wbuf, xbuf, acc, t, r_half):
@@ -457,8 +456,7 @@ class SkinnyMma(Launcher):
         _, keep, _, keep2, _ = tokens
         TL = cfg.token_loads
         zero = mma_zero()
-        if cutlass.const_expr(cfg.ring):
-            cute.arch.inline_ptx(f"cp.async.wait_group {pending};")
+        wait_groups(cfg, pending)
         for u in cutlass.range_constexpr(cfg.unroll):
             for h in cutlass.range_constexpr(cfg.token_groups):
                 # token group h's A rows: operands mma_tiles + TL * h (+ 1 for A rows g + 8)
@@ -491,6 +489,13 @@ def commit(cfg):
     """``ring``: close the copies issued since the last commit into one group (nothing without a ring)."""
     if cutlass.const_expr(cfg.ring):
         cute.arch.inline_ptx(CP_COMMIT_PTX)
+
+
+@cute.jit
+def wait_groups(cfg, pending):
+    """``ring``: wait until at most ``pending`` commit groups are in flight (nothing without a ring)."""
+    if cutlass.const_expr(cfg.ring):
+        cute.arch.inline_ptx(f"cp.async.wait_group {pending};")
 
 
 @cute.jit
