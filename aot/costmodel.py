@@ -43,10 +43,10 @@ TOP, PER_FAMILY = 16, 2
 def family(cfg: KernelConfig) -> str:
     """A config's kernel family: its kind and the option that changes how it walks the weight."""
     if cfg.kind == "mma":
-        if cfg.walk:
-            return "mma+walk+ring" if cfg.ring else "mma+walk"
         if cfg.ring:
             return "mma+ring"
+        if cfg.walk:
+            return "mma+walk"
         return "mma+split" if cfg.split > 1 else "mma+sliced" if cfg.slices > 1 else "mma"
     return "simt+persist" if cfg.persist else cfg.kind
 

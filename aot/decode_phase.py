@@ -273,15 +273,14 @@ def _time_steps(lib, bufs: dict, m: int, picks: dict, tps: list, trials: int) ->
 
 
 def family(config: dict) -> str:
-    """A candidate's kernel family for the decode phase's last check: its kind, and ring, split or persist if set
-    (a walk with a ring is both)."""
+    """A candidate's kernel family for the decode phase's last check: its kind, and ring, split or persist if set."""
     extra = ""
     if config.get("ring"):
         extra = "+ring"
     elif config.get("split", 1) > 1:
         extra = "+split"
-    if config.get("persist", 0) and extra != "+split":
-        extra += "+persist"
+    elif config.get("persist", 0):
+        extra = "+persist"
     return f"{config.get('kind', '?')}{extra}"
 
 

@@ -164,9 +164,7 @@ class KernelConfig:
     # mma: the pipeline's ``stages`` live in shared memory, not registers: each lane copies its 16-byte
     # weight and token words by cp.async into its own slots and reads them back right before its MMAs,
     # so the bytes in flight cost no registers (on the H200 the register pipeline's 2-8 stages lost
-    # 2-22 us per down_proj call inside the served step, the deep TMA rings of cuBLAS and "wgmma" none);
-    # on a walk (``persist``) only the weight goes through the ring (its tokens stay in registers), so
-    # the registers the register walk spent on stages hold none and 2-4 row tiles of up to 15 stages in flight fit
+    # 2-22 us per down_proj call inside the served step, the deep TMA rings of cuBLAS and "wgmma" none)
     ring: bool = False
     # mma with slices: the tokens run in this many groups of m / token_groups, each with its own A fragments
     # against the same weight fragments, so 16 tokens fit sliced tiles (m / token_groups * slices <= 16): the
@@ -241,23 +239,20 @@ class KernelConfig:
         if self.kind == "bulk":
             # accumulators + one step's weight fragments per tile + its token words, per unrolled step
             return self.cols // 2 + self.unroll * (self.cols // 2 + 4), "cols/2 + unroll*(cols/2 + 4)"
-        if self.walk:
-            # accumulators + the weight's buffered steps (with ``ring``: the one step read back from shared memory
-            # right before its MMAs) + every step of the warp's K range's tokens, resident
-            G = self.token_groups
-            held, what = (1, "(persist, ring)") if self.ring else (self.stages, "(persist)")
-            return (
-                4 * self.mma_tiles * G
-                + held * self.unroll * 4 * self.mma_tiles
-                + self.warp_steps * 4 * self.token_loads * G,
-                f"4*tiles*token_groups + {'' if self.ring else 'stages*'}unroll*4*tiles"
-                f" + warp_steps*4*token_loads*token_groups {what}",
-            )
         if self.kind == "mma" and self.ring:
             # accumulators + one step's operands, read back from the ring right before its MMAs
             return (
                 4 * self.mma_tiles + self.unroll * (4 * self.mma_tiles + 4 * self.token_loads),
                 "4*tiles + unroll*(4*tiles + 4*token_loads) (ring)",
+            )
+        if self.walk:
+            # accumulators + the weight's buffered steps + every step of the warp's K range's tokens, resident
+            G = self.token_groups
+            return (
+                4 * self.mma_tiles * G
+                + self.stages * self.unroll * 4 * self.mma_tiles
+                + self.warp_steps * 4 * self.token_loads * G,
+                "4*tiles*token_groups + stages*unroll*4*tiles + warp_steps*4*token_loads*token_groups (persist)",
             )
         if self.kind == "mma":
             # accumulators (4 per tile and token group) + per buffered step: 4 weight words per tile + 4 words per
@@ -351,16 +346,10 @@ class KernelConfig:
     @property
     def ring_smem(self) -> int:
         """Dynamic shared-memory bytes of an "mma" CTA with ``ring`` (0 without): per warp, stage and unrolled step
-        one 16-byte slot per lane for each of its ``ring_operands``."""
+        one 16-byte slot per lane for each weight tile and each token load."""
         if not self.ring:
             return 0
-        return self.threads // 32 * self.stages * self.unroll * self.ring_operands * 32 * RING_SLOT
-
-    @property
-    def ring_operands(self) -> int:
-        """16-byte slots per lane, stage and unrolled step of an "mma" ring: each weight tile's, then each token
-        load's (none in a walk, whose tokens stay in registers)."""
-        return self.mma_tiles + (0 if self.walk else self.token_loads)
+        return self.threads // 32 * self.stages * self.unroll * (self.mma_tiles + self.token_loads) * 32 * RING_SLOT
 
     @property
     def nt(self) -> int:
@@ -515,10 +504,10 @@ def _option_rules(c: KernelConfig) -> None:
             f"prefetch={c.prefetch}): only those kernels reduce across a cluster"
         )
     if c.walk:
-        if c.prefetch or not c.static_k or c.split != 1 or c.token_stages:
+        if c.prefetch or not c.static_k or c.ring or c.split != 1 or c.token_stages:
             raise ConfigError(
-                f"rule 'persist': persist={c.persist} with kind 'mma' needs a static K, no prefetch, split or "
-                f"token_stages (static_k={c.static_k}, prefetch={c.prefetch}, split={c.split}, "
+                f"rule 'persist': persist={c.persist} with kind 'mma' needs a static K, no prefetch, ring, split or "
+                f"token_stages (static_k={c.static_k}, prefetch={c.prefetch}, ring={c.ring}, split={c.split}, "
                 f"token_stages={c.token_stages}): the walk keeps every token of a warp's K range in registers, "
                 "indexed statically, and streams the next group's weight from the last trip"
             )
@@ -535,13 +524,11 @@ def _option_rules(c: KernelConfig) -> None:
             f"rule 'm range': m={c.m} exceeds {limit}"
             + (" for kind 'bulk' (a lane loads one token: A rows 8..15 stay zero)" if c.kind == "bulk" else "")
         )
-    if c.token_groups != 1 and (
-        c.slices == 1 or (c.ring and not c.walk) or c.m % c.token_groups or c.m // c.token_groups < 2
-    ):
+    if c.token_groups != 1 and (c.slices == 1 or c.ring or c.m % c.token_groups or c.m // c.token_groups < 2):
         raise ConfigError(
-            f"rule 'token groups': token_groups={c.token_groups} needs slices > 1, no ring (but in a walk, whose "
-            f"tokens stay in registers) and m a multiple of it with at least 2 tokens per group (slices={c.slices}, "
-            f"ring={c.ring}, persist={c.persist}, m={c.m}): the groups share sliced weight fragments"
+            f"rule 'token groups': token_groups={c.token_groups} needs slices > 1, no ring and m a multiple of it "
+            f"with at least 2 tokens per group (slices={c.slices}, ring={c.ring}, m={c.m}): the groups share "
+            "sliced weight fragments held in registers"
         )
     if c.token_stages and (c.kind != "mma" or c.ring or c.token_stages >= c.stages or c.stages % c.token_stages):
         raise ConfigError(

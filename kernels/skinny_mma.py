@@ -67,13 +67,6 @@ The tokens' copies cost shared-memory bandwidth (a write and a read of 32
 bytes per 16 of weight at 8 weight rows per warp), so the ring wins with 16-64
 rows per warp; tokens kept in registers, 1-3 stages ahead, lost (docs/perf.md).
 
-Ring on a walk (``ring`` with ``persist``): only the weight goes through the ring, each copy its own commit
-group (``walk_ring``), each MMA waiting until at most stages - 1 later groups are pending; the tokens stay in
-the walk's registers (no token slots). The last group's refills (its own rows again) land before the CTA
-exits (``WALK_CLOSE``: a wait for every group), so no copy writes shared memory a next CTA may hold. Why: the register walk
-held 48-56 KB of weight in flight per SM and reached cuBLAS's time on gate_up at M = 16, not the M = 8
-pick's, which holds 96 KB; in shared memory 2-4 row tiles of up to 15 stages in flight fit beside the tokens.
-
 Same kernel-parameter ABI as kernels/skinny_gemm.py (``bias``: the 4th pointer
 is a bias vector of N bf16).
 """
@@ -299,11 +292,8 @@ class SkinnyMma(Launcher):
         red = cute.arch.alloc_smem(cutlass.Float32, cfg.mma_smem // 4, alignment=16)
         half = cfg.mma_smem // 8
         first = w0 + cute.assume(bidx * span, divby=4)
-        for op, *args in walk_fill(D):
-            if cutlass.const_expr(op == WEIGHT):
-                self.load_weight(first, wbuf, args[0], args[1], r_half)
-            else:
-                commit(cfg)
+        for j in cutlass.range_constexpr(D - 1):
+            self.load_weight(first, wbuf, j, j, r_half)
         wait_previous_grid(cfg)
         for s in cutlass.range_constexpr(STEPS):
             self.load_token(tokens, xres, s, s)
@@ -312,21 +302,17 @@ class SkinnyMma(Launcher):
             here = w0 + cute.assume(rg * span, divby=4)
             ahead = w0 + cute.assume(gn * span, divby=4)
             acc.fill(0.0)
-            for op, *args in walk_ring(D, STEPS):
+            for op, buf, stage in walk_order(D, STEPS):
                 if cutlass.const_expr(op == WEIGHT):
-                    self.load_weight(here, wbuf, args[0], args[1], r_half)
+                    self.load_weight(here, wbuf, buf, stage, r_half)
                 elif cutlass.const_expr(op == NEXT):
-                    self.load_weight(ahead, wbuf, args[0], args[1], r_half)
-                elif cutlass.const_expr(op == COMMIT):
-                    commit(cfg)
+                    self.load_weight(ahead, wbuf, buf, stage, r_half)
                 else:
-                    self.mma_stage(wbuf, xres, acc, args[0], tokens, args[2], args[1])
+                    self.mma_stage(wbuf, xres, acc, buf, tokens, D - 1, stage)
             row0 = rg * cfg.cols_per_cta + grp * cfg.cols
             parity = (rg - bidx) // nct % 2
             sRed = reduction_buffer(cfg, red + cute.assume(parity * half, divby=4))
             reduce_slices_and_store(cfg, acc, grp, wk, lane, row0, out, residual, n, sRed)
-        for _, pending in WALK_CLOSE:
-            wait_groups(cfg, pending)
 
     @cute.jit
     def trip(self, w_lane, tokens, wbuf, xbuf, acc, t, r_half):
@@ -392,7 +378,7 @@ class SkinnyMma(Launcher):
         TL = cfg.token_loads
         for u in cutlass.range_constexpr(cfg.unroll):
             off = cute.assume((stage * cfg.unroll + u) * 16 * cfg.slices, divby=4)
-            if cutlass.const_expr(cfg.ring and not cfg.walk):
+            if cutlass.const_expr(cfg.ring):
                 for h in cutlass.range_constexpr(cfg.token_loads):
                     src = (a_lane if h == 0 else a_lane2) + off
                     dst = ring_slot(cfg, xbuf, buf, u, cfg.mma_tiles + h)
@@ -456,7 +442,8 @@ class SkinnyMma(Launcher):
         _, keep, _, keep2, _ = tokens
         TL = cfg.token_loads
         zero = mma_zero()
-        wait_groups(cfg, pending)
+        if cutlass.const_expr(cfg.ring):
+            cute.arch.inline_ptx(f"cp.async.wait_group {pending};")
         for u in cutlass.range_constexpr(cfg.unroll):
             for h in cutlass.range_constexpr(cfg.token_groups):
                 # token group h's A rows: operands mma_tiles + TL * h (+ 1 for A rows g + 8)
@@ -471,7 +458,7 @@ class SkinnyMma(Launcher):
         """The 4 words of operand ``part`` (a tile's weight, then the token loads) at step ``u`` of buffer ``buf``:
         from the lane's ring slot (``ring``), else from the weight's or the tokens' registers."""
         cfg = self.cfg
-        if cfg.ring and part < cfg.ring_operands:
+        if cfg.ring:
             return lds(ring_slot(cfg, bufs, buf, u, part))
         if part < cfg.mma_tiles:
             return [bufs[buf, u, part, e] for e in range(4)]
@@ -481,7 +468,7 @@ class SkinnyMma(Launcher):
 def ring_slot(cfg, lane_slot, buf, u, part):
     """``ring``: this lane's 16-byte slot of operand ``part`` (a tile's weight words, then the token loads) at
     step ``u`` of stage buffer ``buf``, from its slot 0 (all static: one immediate offset)."""
-    return lane_slot + ((buf * cfg.unroll + u) * cfg.ring_operands + part) * WARP * RING_SLOT
+    return lane_slot + ((buf * cfg.unroll + u) * (cfg.mma_tiles + cfg.token_loads) + part) * WARP * RING_SLOT
 
 
 @cute.jit
@@ -489,13 +476,6 @@ def commit(cfg):
     """``ring``: close the copies issued since the last commit into one group (nothing without a ring)."""
     if cutlass.const_expr(cfg.ring):
         cute.arch.inline_ptx(CP_COMMIT_PTX)
-
-
-@cute.jit
-def wait_groups(cfg, pending):
-    """``ring``: wait until at most ``pending`` commit groups are in flight (nothing without a ring)."""
-    if cutlass.const_expr(cfg.ring):
-        cute.arch.inline_ptx(f"cp.async.wait_group {pending};")
 
 
 @cute.jit
@@ -564,27 +544,6 @@ def walk_order(stages: int, steps: int) -> list:
         order.append((WEIGHT, ahead % D, ahead) if ahead < steps else (NEXT, ahead % D, ahead - steps))
         order.append((MMA, s % D, s))
     return order
-
-
-def walk_fill(stages: int) -> list:
-    """The walk's fill, before the PDL wait: the first group's stages 0..stages-2, each its own commit group (with
-    ``ring``; the register walk's commits are nothing)."""
-    return [op for j in range(stages - 1) for op in ((WEIGHT, j, j), (COMMIT,))]
-
-
-# The walk's close: the last group's refills (its own rows again) land before the CTA's shared memory is released
-# (with ``ring``; the register walk's loads are its own registers): (WAIT, commit groups left pending).
-WAIT = "wait"
-WALK_CLOSE = [(WAIT, 0)]
-
-
-def walk_ring(stages: int, steps: int) -> list:
-    """``walk_order`` as the kernel traces it: a commit group after every load, and each MMA as (MMA, buffer, step,
-    the commit groups it lets stay pending): stages - 1, the refills issued after its own stage's."""
-    out = []
-    for op in walk_order(stages, steps):
-        out += [(MMA, op[1], op[2], stages - 1)] if op[0] == MMA else [op, (COMMIT,)]
-    return out
 
 
 # Shared with kernels/skinny_bulk.py, which feeds the same MMAs from shared memory.

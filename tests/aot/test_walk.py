@@ -148,6 +148,7 @@ def test_walk_rules():
     for change, rule in (
         (dict(static_k=0), "persist"),
         (dict(prefetch=True), "persist"),
+        (dict(ring=True), "persist"),
         (dict(stages=8), "register budget"),  # 8 + 64 + 64 over 104
         (dict(k_threads=256), "register budget"),  # 2 groups of 8 warps: 128 token registers
         (dict(token_stages=2), "persist"),
@@ -156,28 +157,6 @@ def test_walk_rules():
             dataclasses.replace(base, **change).check(n=28672, k=4096)
     # without PDL the walk stays a walk (the decode phase's no-PDL twin keeps it)
     dataclasses.replace(base, pdl=False).check(n=28672, k=4096)
-
-
-def test_walk_ring_rules():
-    """``ring`` on a walk: the weight's stages in shared memory, so the register rule counts one step's weight
-    words instead of every stage's, and the ring has no token slots; the token groups' no-ring rule stays for
-    the rest."""
-    walk = KernelConfig(
-        m=16, threads=512, k_threads=512, cols=16, stages=8, static_k=4096, persist=132, ring=True, **WALK
-    )
-    walk.check(n=28672, k=4096)
-    assert walk.register_rule[0] == 8 + 8 + 64  # accumulators, one step's two tiles, 8 steps x 2 token loads x 4
-    assert walk.ring_smem == 512 * 8 * 2 * 16 and walk.launch(28672).smem == walk.ring_smem
-    # the same walk from registers holds 8 stages of both tiles: over the budget
-    with pytest.raises(ConfigError, match="rule 'register budget'"):
-        dataclasses.replace(walk, ring=False).check(n=28672, k=4096)
-    dataclasses.replace(walk, cols=8, slices=2, token_groups=2, stages=4).check(n=28672, k=4096)
-    with pytest.raises(ConfigError, match="rule 'token groups'"):
-        dataclasses.replace(walk, persist=0, static_k=0, cols=8, slices=2, token_groups=2, stages=4).check(
-            n=28672, k=4096
-        )
-    with pytest.raises(ConfigError, match="rule 'shared memory'"):
-        dataclasses.replace(walk, stages=16, static_k=8192).check(n=28672, k=8192)
 
 
 @pytest.mark.parametrize("cfg, n, k", CASES, ids=IDS)
