@@ -3,8 +3,9 @@
 #   vllm_h200.sh stage PART_DIR         copy one wheelhouse part (vllm_wheelhouse.py --part-mb 40) into $HOME/wh
 #   vllm_h200.sh install WHEEL          assemble vLLM into $HOME/site and install the skinny-gemm wheel beside it
 #   vllm_h200.sh test [FILE...]         the GPU tests that need vLLM (a real engine) and the routed forward; FILE
-#                                       (e.g. gpu/test_vllm_engine_gpu.py) runs one of them: together they take
-#                                       over 200 s, so a call that also benches may run them one per call
+#                                       (e.g. gpu/test_vllm_engine_gpu.py) runs one of them; the engine file alone
+#                                       printed nothing in 330 s on 2026-12-03 (after a bench in that call: several
+#                                       engines with compile), so give it a call of its own (timeout 590)
 #   vllm_h200.sh bench MODEL [ARGS...]  skinny-gemm bench --sections vllm for MODEL, results under $OUT/vllm-MODEL
 set -euo pipefail
 SITE=$HOME/site
