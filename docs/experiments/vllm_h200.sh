@@ -7,6 +7,7 @@
 #                                       printed nothing in 330 s on 2026-12-03 (after a bench in that call: several
 #                                       engines with compile), so give it a call of its own (timeout 590)
 #   vllm_h200.sh bench MODEL [ARGS...]  skinny-gemm bench --sections vllm for MODEL, results under $OUT/vllm-MODEL
+#                                       (vllm-MODEL-$TAG with TAG set; $SKINNY_GEMM_ARTIFACTS passes to the engines)
 set -euo pipefail
 SITE=$HOME/site
 export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
@@ -25,6 +26,7 @@ case "$1" in
     (cd /tmp/t && python3 -m pytest "${files[@]}" -q -p no:cacheprovider -rA 2>&1 | tee -a "$OUT/gpu-tests-vllm.log") ;;
   bench)
     model=$2; shift 2
-    python3 -m skinny_gemm bench --sections vllm --model "$model" --out "$OUT/vllm-$model" "$@" 2>&1 \
-      | tee "$OUT/vllm-$model.log" | grep -E "^vllm:|batch|skinny-gemm|Error|error|^\||^Counters|^Profile|^Engine" ;;
+    name=vllm-$model${TAG:+-$TAG}  # TAG: a second bench of the model in one call (e.g. an A/B artifact folder)
+    python3 -m skinny_gemm bench --sections vllm --model "$model" --out "$OUT/$name" "$@" 2>&1 \
+      | tee "$OUT/$name.log" | grep -E "^vllm:|batch|skinny-gemm|Error|error|^\||^Counters|^Profile|^Engine|^TPOT|most GPU" ;;
 esac
