@@ -10,6 +10,8 @@ does not scatter. Each variant drops one suspect, so the engine can tell which o
                   graph (if it still scatters, the op's place in Inductor's graph is the cause, not a kernel)
     no-m16-walks  the M = 16 walks (``persist``: 132 CTAs of one per SM, PDL on o_proj) dropped
     no-m16-split  the M = 16 K splits across a cluster (``split`` 2: the down projections' rings) dropped
+    m16-nopdl     every M = 16 entry kept, with PDL off (batch 8's walks run without PDL and do not scatter;
+                  at M = 16 o_proj's walk and the down rings launch with PDL)
 
 Each folder is OUTDIR/NAME/sm_90a (cubins and manifest, `skinny-gemm build --plan`), used through
 $SKINNY_GEMM_ARTIFACTS; OUTDIR/NAME.json is its plan. On the H200, after `vllm_h200.sh install`:
@@ -27,10 +29,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+# name -> (entries dropped, entries whose PDL is turned off)
 VARIANTS = {
-    "no-m16": lambda e: e["m"] == 16,
-    "no-m16-walks": lambda e: e["m"] == 16 and e["config"].get("persist", 0) > 0,
-    "no-m16-split": lambda e: e["m"] == 16 and e["config"].get("split", 1) > 1,
+    "no-m16": (lambda e: e["m"] == 16, lambda e: False),
+    "no-m16-walks": (lambda e: e["m"] == 16 and e["config"].get("persist", 0) > 0, lambda e: False),
+    "no-m16-split": (lambda e: e["m"] == 16 and e["config"].get("split", 1) > 1, lambda e: False),
+    "m16-nopdl": (lambda e: False, lambda e: e["m"] == 16 and e["config"].get("pdl", False)),
 }
 
 
@@ -41,13 +45,16 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     plan = json.loads((ROOT / "kernels/plans/sm_90a.json").read_text())
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, drop in VARIANTS.items():
-        kept = [e for e in plan["entries"] if not drop(e)]
-        gone = sorted(f"{e['n']}x{e['k']} M={e['m']}" for e in plan["entries"] if drop(e))
-        header = {**plan["header"], "source": plan["header"]["source"] + f"; A/B variant {name}: " + ", ".join(gone)}
+    for name, (drop, nopdl) in VARIANTS.items():
+        kept = [
+            {**e, "config": {**e["config"], "pdl": False}} if nopdl(e) else e for e in plan["entries"] if not drop(e)
+        ]
+        gone = sorted(f"{e['n']}x{e['k']} M={e['m']}" for e in plan["entries"] if drop(e) or nopdl(e))
+        what = "dropped" if name.startswith("no-") else "PDL off"
+        header = {**plan["header"], "source": plan["header"]["source"] + f"; A/B variant {name}, {what}: " + ", ".join(gone)}
         path = args.out / f"{name}.json"
         path.write_text(json.dumps({"header": header, "entries": kept}, indent=1, sort_keys=True) + "\n")
-        print(f"{name}: {len(gone)} entries dropped ({', '.join(gone)})", flush=True)
+        print(f"{name}: {len(gone)} entries {what} ({', '.join(gone)})", flush=True)
         cmd = [args.python, str(ROOT / "aot/source_tree.py"), "build", "--arch", "sm_90a", "--plan", str(path)]
         subprocess.run(cmd + ["--out", str(args.out / name), "--quiet"], check=True)
     return 0
