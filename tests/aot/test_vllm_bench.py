@@ -109,7 +109,8 @@ def test_summary_takes_the_median_of_alternating_arms_and_the_change():
 
 def test_profile_table_counts_ours_and_other_gemms_and_ranks_kernels_by_time():
     """The profile's kernel table: launches of ours and of other GEMMs (attention's "flash" GEMMs are not),
-    and per name the total, median and slowest launch, most time first; the report shows them and every
+    and per name the total, median and slowest launch, most time first; the GPU's busy time per decode step
+    (long generate less short, over the steps); the report shows them beside the engine's TPOT, and every
     engine's TPOT samples at the largest batch."""
     launches = [("skinny_mma_walk", 10.0), ("skinny_mma_walk", 12.0), ("skinny_mma_walk", 40.0)]
     launches += [("nvjet_sm90_gate_up", 55.0)] * 2 + [("flash_fwd_gemm_like", 3.0)] * 4 + [("rms_norm", 1.0)] * 5
@@ -119,7 +120,10 @@ def test_profile_table_counts_ours_and_other_gemms_and_ranks_kernels_by_time():
     assert table["time_us"][0] == ["nvjet_sm90_gate_up", 2, 110.0, 55.0, 55.0]
     assert table["time_us"][1] == ["skinny_mma_walk", 3, 62.0, 12.0, 40.0]
     arms = [_arm("off", {16: 5.2}), _arm("on", {16: 4.7}), _arm("on", {16: 5.5}), _arm("off", {16: 5.0})]
-    arms[1]["profile"] = {"batch": 16, "steps": 64, **table}
+    # busy per step: (kernel time of the long generate - of the short one) / decode steps
+    busy = vllm_bench.busy_per_step(launches + [("decode_step", 6400.0)], launches, 64)
+    assert busy == {"gpu_busy_us_per_step": 100.0}
+    arms[1]["profile"] = {"batch": 16, "steps": 64, **table, **busy}
     data = {
         "model": "m",
         "eager": False,
@@ -131,6 +135,7 @@ def test_profile_table_counts_ours_and_other_gemms_and_ranks_kernels_by_time():
     }
     text = vllm_bench.markdown(data)
     assert "skinny_mma_walk x3 62 / 12.0 / 40.0" in text
+    assert "GPU busy per decode step (kernels summed): 100 us, against this engine's TPOT of 4700 us" in text
     assert "per engine in run order: off 5.20; on 4.70; on 5.50; off 5.00" in text
 
 
@@ -147,7 +152,17 @@ def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
     monkeypatch.setenv("PYTHONPATH", str(site))
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(vllm_cache_root(tmp_path / "cache")))
-    args = _args(tmp_path, model=str(model), batches=[1, 2], runs=1, decode_tokens=4, reps=1, prompt_len=8, eager=True)
+    args = _args(
+        tmp_path,
+        model=str(model),
+        batches=[1, 2],
+        runs=1,
+        decode_tokens=4,
+        reps=1,
+        prompt_len=8,
+        eager=True,
+        profile=True,
+    )
     assert bench.main(args) == 0
     data = json.loads((tmp_path / "out" / "vllm.json").read_text())
     assert [a["arm"] for a in data["arms"]] == ["off", "on"]
@@ -155,4 +170,8 @@ def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
     assert [r["batch"] for r in data["rows"]] == [1, 2] and all(math.isfinite(r["on_ms"]) for r in data["rows"])
     assert data["arms"][0]["counters_after_warm_up"] is None
     assert data["arms"][1]["counters_after_warm_up"] == {"launches": [], "fallbacks": []}
+    # --profile in every engine: on CPU no CUDA kernel, so empty tables and no GPU time
+    for arm in data["arms"]:
+        p = arm["profile"]
+        assert (p["batch"], p["steps"], p["skinny_kernels"], p["gpu_busy_us_per_step"]) == (2, 4, 0, 0.0)
     assert "| 1 |" in (tmp_path / "out" / "vllm.md").read_text()
