@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kernels.config import DECODE_MS, H200_SMS, MAX_M, MMA_K_STEP, TAIL_K_GRAIN, ConfigError, KernelConfig
+from ..kernels.config import DECODE_MS, H200_SMS, MAX_M, MAX_M_MMA, MMA_K_STEP, TAIL_K_GRAIN, ConfigError, KernelConfig
 from ..runtime import modelfile
 from ..runtime.jsonfile import Fields, InputError, printable, read_json
 from ..runtime.manifest import CAPABILITY_FOR_ARCH, config_of, dumps, write_atomic
@@ -158,8 +158,12 @@ def heuristic_config(n: int, k: int, m: int, bias: bool = False) -> KernelConfig
             raise PlanError(
                 f"no config for (n={n}, k={k}, m={m}): rule 'positive': {name}={value!r} must be a positive int"
             )
-    if m > MAX_M:
-        raise PlanError(f"no config for (n={n}, k={k}, m={m}): rule 'm range': m={m} exceeds {MAX_M}")
+    if m > MAX_M_MMA:
+        # Above 16 tokens only kind "wgmma" runs, and it has no guess: such a cell is planned only once measured.
+        raise PlanError(
+            f"no config for (n={n}, k={k}, m={m}): rule 'm range': m={m} exceeds {MAX_M_MMA}, the heuristic's kinds' "
+            "limit (M up to 32 runs only kind 'wgmma', planned from measurements)"
+        )
     if k % TAIL_K_GRAIN:
         raise PlanError(
             f"no config for (n={n}, k={k}, m={m}): rule 'k tail': K={k} is not a multiple of {TAIL_K_GRAIN} (16-byte rows)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..kernels.config import DECODE_MS, MAX_M, ConfigError, KernelConfig
+from ..kernels.config import VLLM_GRAPH_MS, ConfigError, KernelConfig
 from ..runtime.manifest import dumps
 from . import candidates, costmodel, plans
 from .decode_phase import model_steps, no_pdl_twins, served_steps
@@ -20,10 +20,9 @@ from .results import isolated_winners, read_results
 CELLS_FILE = "cells.json"
 # --from-results: each cell's this many fastest exact candidates, unless --best says otherwise
 FROM_RESULTS_BEST = 6
-# vLLM's decode CUDA-graph sizes up to 16 (a batch is padded up to one of them); the ones
-# the kernels can run (config.py's MAX_M) may be tuned beyond a seed set's own token counts.
-VLLM_GRAPH_MS = DECODE_MS
-WIDE_MS = tuple(m for m in VLLM_GRAPH_MS if m <= MAX_M)
+# vLLM's decode CUDA-graph sizes (a batch is padded up to one of them; config.py's VLLM_GRAPH_MS, all within
+# the kernels' MAX_M) may be tuned beyond a seed set's own token counts.
+WIDE_MS = VLLM_GRAPH_MS
 # The H200's measuring rate in `tune measure`, for prepare's estimate: 2902-3307 timings took about 2 minutes per run.
 TIMINGS_PER_S = 27
 
@@ -33,11 +32,6 @@ def _seed_cells(arch: str, shapes_file: Path, ms: list[int] | None) -> tuple[lis
     seed = plans.seed_shapes(arch, shapes_file)
     seed_ms = {c[2] for c in seed}
     wide = sorted(set(ms or ()) & set(WIDE_MS) - seed_ms)
-    too_wide = sorted(m for m in set(ms or ()) - seed_ms if m in VLLM_GRAPH_MS and m > MAX_M)
-    if too_wide:
-        raise ValueError(
-            f"M={too_wide} is beyond the kernels' MAX_M={MAX_M} (kernels/config.py): such steps stay on cuBLAS"
-        )
     unknown = sorted(set(ms or ()) - seed_ms - set(wide))
     if unknown:
         raise ValueError(

@@ -20,17 +20,23 @@ SM_REGISTERS = 65536
 # size explode (measured on 2 cores: 2.3-2.7 s per variant at K=16384 against 0.24-0.39 s
 # with a runtime K loop) for no gain.
 MAX_STATIC_TRIPS = 64
-# Tokens per call: vLLM pads decode batches to CUDA-graph sizes 1, 2, 4, 8, 16, ...; the mma
-# kernel's A side has 16 rows. The bulk kernel loads one token row per lane (A rows 0..7).
-MAX_M = 16
-# The token counts plans are made, tuned and reported for: vLLM's CUDA-graph decode sizes up to MAX_M
-# (3, 5-7 and 9-15 never reach a projection under graphs).
+# Tokens per call: vLLM pads decode batches to CUDA-graph sizes 1, 2, 4, 8, 16, 24, 32, ...; the "wgmma"
+# kind's N runs to 32 (MAX_M), the mma kernel's A side has 16 rows (MAX_M_MMA, also the simt kernel's
+# tuned range), the bulk kernel loads one token row per lane (A rows 0..7: MAX_M_BULK).
+MAX_M = 32
+MAX_M_MMA = 16
+# vLLM's CUDA-graph decode sizes the kernels run (3, 5-7, 9-15 and 17-23, 25-31 never reach a projection
+# under graphs): what `tune prepare` may be asked for beyond a seed set's own token counts.
+VLLM_GRAPH_MS = (1, 2, 4, 8, 16, 24, 32)
+# The token counts plans are made and reported for by default: the graph sizes up to MAX_M_MMA, where
+# every kind competes; 24 and 32 are tuned on request (kind "wgmma" alone runs them).
 DECODE_MS = (1, 2, 4, 8, 16)
 # SMs of the H100 / H200 SXM (sm_90a), the GPU the plans are tuned on: waves and grid sizes count against it.
 H200_SMS = 132
 MAX_M_BULK = 8
 KINDS = ("simt", "mma", "bulk", "wgmma")
-# "wgmma": weight rows are the warpgroup MMA's 64-row side, tokens its N (8 or 16, rows past m are zeros).
+# "wgmma": weight rows are the warpgroup MMA's 64-row side, tokens its N (m rounded up to 8, at most 32;
+# rows past m are zeros).
 # A stage is 64 k (128 bytes: one row of the 128-byte swizzle) of every row and token; the weight box
 # comes by TMA through a tensor map the runtime encodes per weight (runtime/tensormaps.py).
 WGMMA_ROWS, WGMMA_K = 64, 64
@@ -353,8 +359,8 @@ class KernelConfig:
 
     @property
     def nt(self) -> int:
-        """Tokens per warpgroup MMA ("wgmma"): its N, 8 or 16; token rows m..nt-1 are zeros."""
-        return 8 if self.m <= 8 else 16
+        """Tokens per warpgroup MMA ("wgmma"): its N, m rounded up to 8 (8, 16, 24 or 32); token rows m..nt-1 are zeros."""
+        return -(-self.m // 8) * 8
 
     @property
     def wgmma_stage(self) -> int:
@@ -518,12 +524,9 @@ def _option_rules(c: KernelConfig) -> None:
             f"static_k={c.static_k}), or kind 'mma' with a static K: the walk preloads each group's first "
             "trip, the first one before the PDL wait"
         )
-    limit = MAX_M_BULK if c.kind == "bulk" else MAX_M
+    limit, why = M_LIMITS.get(c.kind, (MAX_M_MMA, "the mma A side's 16 rows"))
     if c.m > limit:
-        raise ConfigError(
-            f"rule 'm range': m={c.m} exceeds {limit}"
-            + (" for kind 'bulk' (a lane loads one token: A rows 8..15 stay zero)" if c.kind == "bulk" else "")
-        )
+        raise ConfigError(f"rule 'm range': m={c.m} exceeds {limit} for kind {c.kind!r} ({why})")
     if c.token_groups != 1 and (c.slices == 1 or c.ring or c.m % c.token_groups or c.m // c.token_groups < 2):
         raise ConfigError(
             f"rule 'token groups': token_groups={c.token_groups} needs slices > 1, no ring and m a multiple of it "
@@ -649,6 +652,12 @@ def _wgmma_rules(c: KernelConfig) -> None:
             f"adds exceed {DYNAMIC_SMEM_LIMIT}"
         )
 
+
+# The most tokens each kind runs (kinds not named: MAX_M_MMA), and why.
+M_LIMITS = {
+    "bulk": (MAX_M_BULK, "a lane loads one token: A rows 8..15 stay zero"),
+    "wgmma": (MAX_M, "the producer warpgroup copies a stage's nt x 8 token chunks in at most 2 turns"),
+}
 
 _KIND_RULES = {"simt": _simt_rules, "mma": _mma_rules, "bulk": _bulk_rules, "wgmma": _wgmma_rules}
 

@@ -6,7 +6,7 @@ class (host launcher, device body), compile entry.
 Why: the mma and bulk kernels put the tokens on mma.sync's 16-row side, so
 M = 16 loads every weight fragment for 16 rows of which the MMA's 8 columns
 use one, and their rings cost registers or lanes. Here the weight is the
-operand the MMA is wide in (wgmma m64nNk16, N = 8 or 16 tokens), both operands
+operand the MMA is wide in (wgmma m64nNk16, N = m rounded up to 8, at most 32 tokens), both operands
 are read from shared memory by descriptor, and the copies cost no threads:
 M = 16 costs what M = 8 costs (docs/perf.md, "v4").
 
@@ -15,10 +15,11 @@ row) of the CTA's ``cols`` weight rows, then of the ``nt`` token rows; both
 start on the swizzle's 1024-byte atom. Warpgroup 0 produces: thread 0 issues
 the weight box by TMA (the runtime encodes one tensor map per weight and
 passes its device address as ``w``; runtime/tensormaps.py) with the stage's
-byte count on its "full" mbarrier, and thread (r, j) of the first nt x 8
-copies 16 bytes of token row r at swizzled chunk j ^ (r % 8) by cp.async,
-whose completion arrives on the same barrier (rows past m copy nothing and
-land zeros). The first ``stages`` weight boxes go out before the PDL wait;
+byte count on its "full" mbarrier, and the stage's nt x 8 token chunks (16
+bytes of token row r at swizzled chunk j ^ (r % 8)) are copied by cp.async,
+in one turn of nt x 8 threads up to 16 tokens and two turns of nt x 4 at 24
+and 32 (token_copiers), each copier's completion arriving on the same
+barrier (rows past m copy nothing and land zeros). The first ``stages`` weight boxes go out before the PDL wait;
 tokens only after it. Warpgroups 1.. consume 64 rows each: four
 m64n{nt}k16 per stage, one wait, one arrive on the stage's "empty" barrier.
 
@@ -78,6 +79,19 @@ def token_dst(cols, r, j):
     return cols * ROW_BYTES + r * ROW_BYTES + ((j ^ (r % 8)) * 16)
 
 
+def token_copiers(nt):
+    """(threads of the producer warpgroup that copy a stage's nt x 8 token chunks, chunks each): as few turns of
+    at most one warpgroup as hold them (nt 24 and 32: two turns of 96 and 128 threads)."""
+    turns = -(-nt * 8 // WARPGROUP)
+    return nt * 8 // turns, turns
+
+
+def token_chunk(t, turn, copiers):
+    """(token row, 16-byte chunk) copier t copies in ``turn``: turn-major, so each turn's copiers read whole rows."""
+    q = t + turn * copiers if turn else t
+    return q // 8, q % 8
+
+
 def operand_addrs(stage, wg, cols):
     """Shared addresses of consumer warpgroup wg's (>= 1) weight rows and of the tokens in the stage at ``stage``."""
     return stage + (wg - 1) * WGMMA_ROWS * ROW_BYTES, stage + cols * ROW_BYTES
@@ -122,6 +136,7 @@ class SkinnyWgmma(Launcher):
         """Device body: warpgroup 0 fills the ring, the others multiply; the cluster reduces into rank 0, which stores."""
         cfg = self.cfg
         S, NT, X = cfg.stages, cfg.nt, cfg.split
+        COPIERS = token_copiers(NT)[0]
         STAGE = cfg.wgmma_stage
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
@@ -141,7 +156,7 @@ class SkinnyWgmma(Launcher):
         if tidx == 0:
             cute.arch.inline_ptx(PREFETCH_MAP_PTX, read_only_args=[wmap])
             for s in cutlass.range_constexpr(S):
-                cute.arch.mbarrier_init(full + s, 1 + NT * 8)
+                cute.arch.mbarrier_init(full + s, 1 + COPIERS)
                 cute.arch.mbarrier_init(empty + s, cfg.cols // WGMMA_ROWS)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
@@ -170,33 +185,37 @@ class SkinnyWgmma(Launcher):
     @cute.jit
     def produce(self, a, wmap, ring, full, empty, tile, c0, chunks, kk, t):
         """Warpgroup 0: the first ``stages`` weight boxes before the PDL wait, then chunk by chunk each stage's
-        tokens (thread (r, j) < nt x 8: 16 bytes of token row r) and, once a stage is released, its next box."""
+        tokens (copier t < copiers: its turns' 16 bytes of a token row, token_chunk) and, once a stage is
+        released, its next box."""
         cfg = self.cfg
         S, NT, M = cfg.stages, cfg.nt, cfg.m
+        COPIERS, TURNS = token_copiers(NT)
         if t == 0:
             for s in cutlass.range_constexpr(S):
                 if s < chunks:
                     self.issue_weight(wmap, ring, full, tile, c0 + s, s)
         wait_previous_grid(cfg)
-        if t < NT * 8:
-            r = t // 8
-            j = t % 8
-            live = r < M
-            src_row = r if live else 0  # rows past m copy 0 bytes (zeros land) from a valid address
-            nbytes = cutlass.Int32(16) if live else cutlass.Int32(0)
-            src = a + cute.assume(src_row * kk + c0 * WGMMA_K + j * 8, divby=8)
-            dst_off = token_dst(cfg.cols, r, j)
+        if t < COPIERS:
+            srcs, nbytes, dst_offs = [], [], []
+            for turn in cutlass.range_constexpr(TURNS):
+                r, j = token_chunk(t, turn, COPIERS)
+                live = r < M
+                src_row = r if live else 0  # rows past m copy 0 bytes (zeros land) from a valid address
+                nbytes.append(cutlass.Int32(16) if live else cutlass.Int32(0))
+                srcs.append(a + cute.assume(src_row * kk + c0 * WGMMA_K + j * 8, divby=8))
+                dst_offs.append(token_dst(cfg.cols, r, j))
             for c in cutlass.range(chunks, unroll=1):
                 s = c % S
                 if c >= S:
                     cute.arch.mbarrier_wait(empty + s, ((c // S) - 1) & 1)
                     if t == 0:
                         self.issue_weight(wmap, ring, full, tile, c0 + c, s)
-                dst = ring + (s * cfg.wgmma_stage + dst_off)
-                cute.arch.inline_ptx(
-                    CP_ASYNC_PTX,
-                    read_only_args=[dst.toint(), (src + c * WGMMA_K).toint(), nbytes],
-                )
+                for turn in cutlass.range_constexpr(TURNS):
+                    dst = ring + (s * cfg.wgmma_stage + dst_offs[turn])
+                    cute.arch.inline_ptx(
+                        CP_ASYNC_PTX,
+                        read_only_args=[dst.toint(), (srcs[turn] + c * WGMMA_K).toint(), nbytes[turn]],
+                    )
                 cute.arch.inline_ptx(CP_ARRIVE_PTX, read_only_args=[(full + s).toint()])
 
     @cute.jit

@@ -228,6 +228,35 @@ def test_m_up_to_16_for_simt_and_mma(m):
         KernelConfig(m=m, kind="bulk", threads=256, k_threads=256, cols=8, unroll=1, stages=4, prefetch=False).check()
 
 
+WGMMA = {"kind": "wgmma", "threads": 256, "k_threads": 256, "cols": 64, "unroll": 1, "stages": 4, "prefetch": False}
+
+
+@pytest.mark.parametrize("m, nt", [(1, 8), (8, 8), (9, 16), (16, 16), (17, 24), (24, 24), (25, 32), (32, 32)])
+def test_wgmma_runs_up_to_32_tokens_with_n_the_next_multiple_of_8(m, nt):
+    """vLLM pads a decode batch past 16 to 24 or 32 (its graph sizes): only kind "wgmma" runs there, its MMA's N
+    (the token box, the accumulators, the stage's bytes) the token count rounded up to 8."""
+    cfg = KernelConfig(m=m, **WGMMA)
+    cfg.check(n=4096, k=4096)
+    assert cfg.nt == nt and cfg.wgmma_stage == (64 + nt) * 128
+
+
+@pytest.mark.parametrize(
+    "kwargs, limit",
+    [
+        (WGMMA, 32),
+        ({"kind": "mma", "threads": 256, "cols": 8, "prefetch": False}, 16),
+        ({"threads": 256, "k_threads": 256, "cols": 1}, 16),  # simt
+        ({"kind": "bulk", "threads": 256, "k_threads": 256, "cols": 8, "prefetch": False}, 8),
+    ],
+)
+def test_each_kind_refuses_one_token_past_its_limit_naming_the_kind(kwargs, limit):
+    KernelConfig(m=limit, **kwargs).check()
+    with pytest.raises(
+        ConfigError, match=f"rule 'm range': m={limit + 1} exceeds {limit} for kind '{kwargs.get('kind', 'simt')}'"
+    ):
+        KernelConfig(m=limit + 1, **kwargs).check()
+
+
 def test_m_above_8_doubles_the_unsliced_reduction_buffers():
     """Past 8 tokens the accumulators' c2, c3 (A rows 8..15) are real outputs: the K-split warps share twice as much."""
     m8, m16 = (KernelConfig(m=m, threads=256, k_threads=256, cols=8, **MMA) for m in (8, 16))

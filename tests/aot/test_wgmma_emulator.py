@@ -10,12 +10,15 @@ from skinny_gemm.kernels.config import KernelConfig
 
 WG = {"kind": "wgmma", "unroll": 1, "prefetch": False}
 CASES = [
-    # (config, n, k): every token count class (nt 8 with m < 8, nt 16 with m < 16), one and two consumer
+    # (config, n, k): every token count class (nt 8 with m < 8, nt 16 with m < 16, ...), one and two consumer
     # warpgroups, a ring shorter than the chunk count (stages reused), cluster splits of 2 and 4
     (KernelConfig(m=1, threads=256, k_threads=256, cols=64, stages=2, **WG), 128, 256),
     (KernelConfig(m=8, threads=256, k_threads=256, cols=64, stages=4, split=2, **WG), 64, 512),
     (KernelConfig(m=12, threads=384, k_threads=384, cols=128, stages=2, **WG), 256, 192),
     (KernelConfig(m=16, threads=256, k_threads=256, cols=64, stages=3, split=4, **WG), 64, 512),
+    # nt 24 and 32 (vLLM's graph sizes past 16): two copy turns, of 96 and 128 copiers; rows 20..23 zeros
+    (KernelConfig(m=20, threads=384, k_threads=384, cols=128, stages=2, **WG), 128, 192),
+    (KernelConfig(m=32, threads=256, k_threads=256, cols=64, stages=2, split=2, **WG), 64, 512),
 ]
 
 
@@ -39,6 +42,8 @@ def test_every_output_is_the_exact_product_stored_once(cfg, n, k):
     [
         ("token rows unswizzled", lambda cols, r, j: cols * 128 + r * 128 + j * 16),
         ("token rows swapped in pairs", lambda cols, r, j: cols * 128 + (r ^ 1) * 128 + ((j ^ (r % 8)) * 16)),
+        # at nt = 32: the second turn copies the first turn's chunks again, so token rows 16..31 are never written
+        ("second turn repeating the first", lambda t, turn, copiers: (t // 8, t % 8)),
         (
             "accumulator rows of the other half",
             lambda e, warp, lane: (warp * 16 + lane // 4 + 8 * (e % 2), 8 * (e // 4) + 2 * (lane % 4) + (e // 2) % 2),
@@ -51,8 +56,8 @@ def test_every_output_is_the_exact_product_stored_once(cfg, n, k):
 )
 def test_a_wrong_index_function_gives_wrong_outputs(monkeypatch, name, fake):
     """Negative controls: the check above fails when one of the kernel's index functions is wrong."""
-    cfg, n, k = CASES[1]
-    target = "token_dst" if name.startswith("token") else "acc_coords"
+    cfg, n, k = CASES[-1] if name.startswith("second turn") else CASES[1]
+    target = {"token": "token_dst", "secon": "token_chunk"}.get(name[:5], "acc_coords")
     monkeypatch.setattr(wgmma_emulator, target, fake)
     x, w = _inputs(cfg.m, n, k)
     out, stores = wgmma_emulator.run(cfg, x, w)

@@ -1,7 +1,7 @@
 """A CPU emulator of the "wgmma" kernel (kernels/skinny_wgmma.py) on integer-valued inputs, exact in float64.
 
 It runs the kernel's own index functions (box_coords, token_dst, operand_addrs, acc_coords, sw128_desc) on
-Python ints against a model of the hardware they drive (not emulated: the token source address, the cluster
+Python ints (token_copiers and token_chunk: which copier writes which token chunk) against a model of the hardware they drive (not emulated: the token source address, the cluster
 reduction's slots and the barrier phases, which the H200 runs check):
 
 - TMA with the 128-byte swizzle writes box row r's 16-byte unit j at r * 128 + (j ^ (r % 8)) * 16 from a
@@ -19,6 +19,8 @@ sums are added as the cluster reduction does, and each stored (token, row) is re
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from skinny_gemm.kernels.skinny_wgmma import (
@@ -28,6 +30,8 @@ from skinny_gemm.kernels.skinny_wgmma import (
     box_coords,
     operand_addrs,
     sw128_desc,
+    token_chunk,
+    token_copiers,
     token_dst,
 )
 
@@ -88,8 +92,10 @@ def run(cfg, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                 stage = s * cfg.wgmma_stage
                 kx, row = box_coords(rank * chunks + c, tile, cols)
                 _write_box(smem, stage, w[row : row + cols, kx : kx + 64])
-                for t in range(nt * 8):
-                    r, j = t // 8, t % 8
+                copiers, turns = token_copiers(nt)
+                assert copiers <= 128, "the producer is one warpgroup"
+                for t, turn in itertools.product(range(copiers), range(turns)):
+                    r, j = token_chunk(t, turn, copiers)
                     src = x[r, kx + 8 * j : kx + 8 * j + 8] if r < m else np.zeros(8)  # rows past m: 0 bytes, zeros
                     at = stage + token_dst(cols, r, j)
                     smem[at // 2 : at // 2 + 8] = src
