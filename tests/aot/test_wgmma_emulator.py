@@ -19,6 +19,7 @@ CASES = [
     # nt 24 and 32 (vLLM's graph sizes past 16): two copy turns, of 96 and 128 copiers; rows 20..23 zeros
     (KernelConfig(m=20, threads=384, k_threads=384, cols=128, stages=2, **WG), 128, 192),
     (KernelConfig(m=32, threads=256, k_threads=256, cols=64, stages=2, split=2, **WG), 64, 512),
+    (KernelConfig(m=24, threads=256, k_threads=256, cols=64, stages=3, split=4, **WG), 128, 1024),
 ]
 
 
