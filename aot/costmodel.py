@@ -48,6 +48,8 @@ def family(cfg: KernelConfig) -> str:
         if cfg.walk:
             return "mma+walk"
         return "mma+split" if cfg.split > 1 else "mma+sliced" if cfg.slices > 1 else "mma"
+    if cfg.kind == "wgmma":
+        return "wgmma+walk" if cfg.persist else "wgmma"
     return "simt+persist" if cfg.persist else cfg.kind
 
 

@@ -363,18 +363,29 @@ class KernelConfig:
         return -(-self.m // 8) * 8
 
     @property
+    def wgmma_walk(self) -> bool:
+        """The "wgmma" walk: ``persist`` CTAs walk the row groups ``gridDim`` apart, the tokens resident in shared memory."""
+        return self.kind == "wgmma" and self.persist > 0
+
+    @property
     def wgmma_stage(self) -> int:
-        """Bytes of one ring stage ("wgmma"): the weight box (cols rows x 128 B), then the token box (nt rows x 128 B);
-        both multiples of the 1024-byte swizzle atom, so every box starts aligned to it."""
-        return (self.cols + self.nt) * WGMMA_K * 2
+        """Bytes of one ring stage ("wgmma"): the weight box (cols rows x 128 B), then the token box (nt rows x 128 B;
+        none in the walk, whose tokens stay resident); multiples of the 1024-byte swizzle atom, so every box starts
+        aligned to it."""
+        return (self.cols + (0 if self.wgmma_walk else self.nt)) * WGMMA_K * 2
+
+    @property
+    def wgmma_tokens(self) -> int:
+        """Bytes of the walk's resident tokens: every 64-k chunk of the static K, nt rows x 128 B (0 but in the walk)."""
+        return self.static_k // WGMMA_K * self.nt * WGMMA_K * 2 if self.wgmma_walk else 0
 
     @property
     def wgmma_smem(self) -> int:
         """Dynamic shared-memory bytes of a "wgmma" CTA: the ring, a full and an empty mbarrier per stage, with
-        ``split`` the slots CTA 0 receives (every consumer thread's accumulators from each other CTA), and the
-        1024 bytes the ring's alignment may cost."""
+        ``split`` the slots CTA 0 receives (every consumer thread's accumulators from each other CTA), the walk's
+        resident tokens, and the 1024 bytes the ring's alignment may cost."""
         red = (self.split - 1) * self.cols * 2 * (self.nt // 2) * 4
-        return self.stages * self.wgmma_stage + 16 * self.stages + red + 1024
+        return self.stages * self.wgmma_stage + self.wgmma_tokens + 16 * self.stages + red + 1024
 
     @property
     def bulk_smem(self) -> int:
@@ -459,7 +470,8 @@ class KernelConfig:
                 raise ConfigError(
                     f"rule 'static k': static_k={self.static_k} must be a positive multiple of the K step={self.k_step}"
                 )
-            if self.static_k // self.k_step > MAX_STATIC_TRIPS:
+            # the wgmma walk's chunk loop stays a loop: its static K only sizes the resident tokens
+            if self.kind != "wgmma" and self.static_k // self.k_step > MAX_STATIC_TRIPS:
                 raise ConfigError(
                     f"rule 'static k': {self.static_k // self.k_step} unrolled trips exceed {MAX_STATIC_TRIPS}"
                 )
@@ -509,7 +521,14 @@ def _option_rules(c: KernelConfig) -> None:
             f"rule 'split': split={c.split} needs kind 'mma' or 'wgmma' without prefetch (kind={c.kind!r}, "
             f"prefetch={c.prefetch}): only those kernels reduce across a cluster"
         )
-    if c.walk:
+    if c.wgmma_walk:
+        if c.split != 1 or not c.static_k or c.static_k // WGMMA_K < c.stages:
+            raise ConfigError(
+                f"rule 'persist': persist={c.persist} with kind 'wgmma' needs split 1 and a static K of at least "
+                f"stages={c.stages} chunks of {WGMMA_K} (split={c.split}, static_k={c.static_k}): the walk keeps every "
+                "token of K resident in shared memory and issues the first tile's first stages before the PDL wait"
+            )
+    elif c.walk:
         if c.prefetch or not c.static_k or c.ring or c.split != 1 or c.token_stages:
             raise ConfigError(
                 f"rule 'persist': persist={c.persist} with kind 'mma' needs a static K, no prefetch, ring, split or "
@@ -636,13 +655,13 @@ def _wgmma_rules(c: KernelConfig) -> None:
         or c.vec != 8
         or c.unroll != 1
         or c.prefetch
-        or c.static_k
+        or bool(c.static_k) != bool(c.persist)
     ):
         raise ConfigError(
             f"rule 'wgmma tile': threads={c.threads} must be 256 or 384 (a producer warpgroup and 1 or 2 "
             f"consumers), k_threads={c.k_threads} equal to it, cols={c.cols} {WGMMA_ROWS} per consumer, vec={c.vec} 8, "
-            f"unroll={c.unroll} 1, prefetch off and static_k={c.static_k} 0 (the TMA ring runs ahead of the PDL wait "
-            "and K is a run-time loop)"
+            f"unroll={c.unroll} 1, prefetch off and static_k={c.static_k} set exactly with persist={c.persist} (the "
+            "TMA ring runs ahead of the PDL wait; only the walk's resident tokens need K at build time)"
         )
     if c.stages < 2:
         raise ConfigError(f"rule 'stages': stages={c.stages} must be at least 2 for kind 'wgmma' (a ring)")

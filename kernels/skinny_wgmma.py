@@ -27,6 +27,14 @@ Split: ``split`` CTAs of a cluster share a row group, each a contiguous K
 slice; ranks 1.. add their accumulators into rank 0's shared memory
 (distributed shared memory), rank 0 adds the residual or bias and stores.
 
+Walk (``persist``, static K): a grid of at most ``persist`` CTAs walks the
+row groups ``gridDim`` apart. The tokens are copied once, with the first
+group's chunks, into a resident region (chunk c: nt rows x 128 B, swizzled as
+in a stage), so a stage holds only the weight box and the tokens cross L2
+once per CTA rather than once per row group; the ring runs on across groups
+(global chunk g = group's index in the walk x chunks + c), so the producer
+streams the next group's weight while the consumers store this one's outputs.
+
 Accumulator e of consumer thread (warp, g = lane / 4, q = lane % 4) is weight
 row warp * 16 + g + 8 * ((e % 4) // 2) and token 8 * (e // 4) + 2q + e % 2.
 
@@ -92,6 +100,11 @@ def token_chunk(t, turn, copiers):
     return q // 8, q % 8
 
 
+def walk_tokens(c, nt):
+    """Byte offset of the walk's resident token chunk c (nt rows x 128 B, 1024-aligned) in its token region."""
+    return c * nt * ROW_BYTES
+
+
 def operand_addrs(stage, wg, cols):
     """Shared addresses of consumer warpgroup wg's (>= 1) weight rows and of the tokens in the stage at ``stage``."""
     return stage + (wg - 1) * WGMMA_ROWS * ROW_BYTES, stage + cols * ROW_BYTES
@@ -137,7 +150,7 @@ class SkinnyWgmma(Launcher):
         cfg = self.cfg
         S, NT, X = cfg.stages, cfg.nt, cfg.split
         COPIERS = token_copiers(NT)[0]
-        STAGE = cfg.wgmma_stage
+        STAGE, TOKENS = cfg.wgmma_stage, cfg.wgmma_tokens
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         wg = tidx // WARPGROUP
@@ -149,10 +162,13 @@ class SkinnyWgmma(Launcher):
         c0 = rank * chunks
         wmap = w.toint()
         smem = cute.arch.get_dyn_smem(cutlass.Int8, alignment=SW128_ATOM)
-        ring = smem  # (stage, [cols weight rows | nt token rows], 128) bytes, each row swizzled
-        full = cute.recast_ptr(smem + S * STAGE, dtype=cutlass.Int64)  # (stage): the weight box and tokens landed
+        ring = smem  # (stage, [cols weight rows | nt token rows (none in the walk)], 128) bytes, each row swizzled
+        tokens = smem + S * STAGE  # the walk's (chunk, nt token rows, 128) bytes, swizzled as in a stage
+        full = cute.recast_ptr(
+            smem + (S * STAGE + TOKENS), dtype=cutlass.Int64
+        )  # (stage): weight box and tokens landed
         empty = full + S  # (stage): every consumer warpgroup done reading it
-        red = cute.recast_ptr(smem + S * STAGE + 16 * S, dtype=cutlass.Float32)  # (rank - 1, thread, e)
+        red = cute.recast_ptr(smem + (S * STAGE + TOKENS) + 16 * S, dtype=cutlass.Float32)  # (rank - 1, thread, e)
         if tidx == 0:
             cute.arch.inline_ptx(PREFETCH_MAP_PTX, read_only_args=[wmap])
             for s in cutlass.range_constexpr(S):
@@ -163,11 +179,16 @@ class SkinnyWgmma(Launcher):
         if cutlass.const_expr(X > 1):
             cute.arch.inline_ptx(CLUSTER_ARRIVE_PTX)
         if wg == 0:
-            self.produce(a, wmap, ring, full, empty, tile, c0, chunks, kk, t)
+            if cutlass.const_expr(cfg.wgmma_walk):
+                self.produce_walk(a, wmap, ring, tokens, full, empty, bidx, kk, t, n)
+            else:
+                self.produce(a, wmap, ring, full, empty, tile, c0, chunks, kk, t)
             cute.arch.sync_warp()
             if cutlass.const_expr(X > 1):
                 cute.arch.inline_ptx(CLUSTER_WAIT_PTX)
                 cute.arch.inline_ptx(CLUSTER_SYNC_PTX)
+        elif cutlass.const_expr(cfg.wgmma_walk):
+            self.consume_walk(ring, tokens, full, empty, bidx, wg, t, tidx, out, residual, n)
         else:
             acc = self.consume(ring, full, empty, chunks, wg)
             self.reduce_and_store(acc, red, rank, tile, wg, t, tidx, out, residual, n)
@@ -219,35 +240,108 @@ class SkinnyWgmma(Launcher):
                 cute.arch.inline_ptx(CP_ARRIVE_PTX, read_only_args=[(full + s).toint()])
 
     @cute.jit
+    def produce_walk(self, a, wmap, ring, tokens, full, empty, bidx, kk, t, n):
+        """Warpgroup 0 of a walk: the first group's first ``stages`` weight boxes before the PDL wait, then each
+        group's chunks in ring order (global chunk g: the next box once stage g % stages is released), the tokens
+        copied with the first group's chunks into the resident region; every copier arrives on every stage, so
+        each full barrier counts the same arrivals for any group."""
+        cfg = self.cfg
+        S, NT, M = cfg.stages, cfg.nt, cfg.m
+        CHUNKS = cfg.static_k // WGMMA_K
+        COPIERS, TURNS = token_copiers(NT)
+        nct, _, _ = cute.arch.grid_dim()
+        groups = n // cfg.cols
+        if t == 0:
+            for s in cutlass.range_constexpr(S):  # CHUNKS >= S: the config's rule
+                self.issue_weight(wmap, ring, full, bidx, s, s)
+        wait_previous_grid(cfg)
+        if t < COPIERS:
+            srcs, nbytes, dst_offs = [], [], []
+            for turn in cutlass.range_constexpr(TURNS):
+                r, j = token_chunk(t, turn, COPIERS)
+                live = r < M
+                src_row = r if live else 0  # rows past m copy 0 bytes (zeros land) from a valid address
+                nbytes.append(cutlass.Int32(16) if live else cutlass.Int32(0))
+                srcs.append(a + cute.assume(src_row * kk + j * 8, divby=8))
+                dst_offs.append(token_dst(0, r, j))
+            for tile in cutlass.range(bidx, groups, nct, unroll=1):
+                g0 = (tile - bidx) // nct * CHUNKS
+                for c in cutlass.range(CHUNKS, unroll=1):
+                    g = g0 + c
+                    s = g % S
+                    if g >= S:
+                        cute.arch.mbarrier_wait(empty + s, ((g // S) - 1) & 1)
+                        if t == 0:
+                            self.issue_weight(wmap, ring, full, tile, c, s)
+                    if tile == bidx:
+                        for turn in cutlass.range_constexpr(TURNS):
+                            dst = tokens + (walk_tokens(c, NT) + dst_offs[turn])
+                            cute.arch.inline_ptx(
+                                CP_ASYNC_PTX,
+                                read_only_args=[dst.toint(), (srcs[turn] + c * WGMMA_K).toint(), nbytes[turn]],
+                            )
+                    cute.arch.inline_ptx(CP_ARRIVE_PTX, read_only_args=[(full + s).toint()])
+
+    @cute.jit
+    def consume_walk(self, ring, tokens, full, empty, bidx, wg, t, tidx, out, residual, n):
+        """Warpgroup wg >= 1 of a walk: per row group its 64 weight rows x nt tokens over K (the weight from the
+        ring's global chunk g, the tokens from the resident chunk c), then its outputs stored."""
+        cfg = self.cfg
+        NT = cfg.nt
+        CHUNKS = cfg.static_k // WGMMA_K
+        nct, _, _ = cute.arch.grid_dim()
+        groups = n // cfg.cols
+        acc = cute.make_rmem_tensor(NT // 2, cutlass.Float32)  # (e): see the module docstring
+        base = ring.toint() & 0x3FFFF
+        tok = tokens.toint() & 0x3FFFF
+        desc0 = cutlass.Int64(sw128_desc(0))
+        for tile in cutlass.range(bidx, groups, nct, unroll=1):
+            acc.fill(0.0)
+            g0 = (tile - bidx) // nct * CHUNKS
+            for c in cutlass.range(CHUNKS, unroll=1):
+                self.multiply(acc, full, empty, g0 + c, base, tok + walk_tokens(c, NT), wg, desc0, t)
+            self.reduce_and_store(acc, None, 0, tile, wg, t, tidx, out, residual, n)
+
+    @cute.jit
     def consume(self, ring, full, empty, chunks, wg):
         """Warpgroup wg >= 1: its 64 weight rows x nt tokens over this CTA's chunks; the fp32 accumulators."""
         cfg = self.cfg
-        S, NT = cfg.stages, cfg.nt
-        NA = NT // 2
-        acc = cute.make_rmem_tensor(NA, cutlass.Float32)  # (e): see the module docstring
+        acc = cute.make_rmem_tensor(cfg.nt // 2, cutlass.Float32)  # (e): see the module docstring
         acc.fill(0.0)
         base = ring.toint() & 0x3FFFF
         desc0 = cutlass.Int64(sw128_desc(0))
         t = cute.arch.thread_idx()[0] % WARPGROUP
         for c in cutlass.range(chunks, unroll=1):
-            s = c % S
-            cute.arch.mbarrier_wait(full + s, (c // S) & 1)
-            cute.arch.inline_ptx(FENCE_ASYNC_PTX)
-            a_addr, b_addr = operand_addrs(base + s * cfg.wgmma_stage, wg, cfg.cols)
-            a0 = desc0 + cutlass.Int64(a_addr >> 4)
-            b0 = desc0 + cutlass.Int64(b_addr >> 4)
-            # a k16 step is 32 bytes further along the swizzled row: +2 in the descriptor's address field
-            descs = [a0 + cutlass.Int64(2 * u) for u in range(4)] + [b0 + cutlass.Int64(2 * u) for u in range(4)]
-            res = cute.arch.inline_ptx(
-                wgmma_ptx(NT),
-                write_only_types=[cutlass.Float32] * NA,
-                read_only_args=descs + [acc[e] for e in range(NA)],
-            )
-            for e in cutlass.range_constexpr(NA):
-                acc[e] = res[e]
-            if t == 0:
-                cute.arch.mbarrier_arrive(empty + s)
+            self.multiply(acc, full, empty, c, base, None, wg, desc0, t)
         return acc
+
+    @cute.jit
+    def multiply(self, acc, full, empty, g, base, tokens, wg, desc0, t):
+        """Ring chunk g: wait for its stage, four m64n{nt}k16 into acc of warpgroup wg's weight rows in the stage
+        (the ring at shared address ``base``) by the stage's tokens, or by those at shared address ``tokens`` (the
+        walk's resident chunk), then release the stage."""
+        cfg = self.cfg
+        S, NT = cfg.stages, cfg.nt
+        NA = NT // 2
+        s = g % S
+        cute.arch.mbarrier_wait(full + s, (g // S) & 1)
+        cute.arch.inline_ptx(FENCE_ASYNC_PTX)
+        a_addr, b_addr = operand_addrs(base + s * cfg.wgmma_stage, wg, cfg.cols)
+        if cutlass.const_expr(tokens is not None):
+            b_addr = tokens
+        a0 = desc0 + cutlass.Int64(a_addr >> 4)
+        b0 = desc0 + cutlass.Int64(b_addr >> 4)
+        # a k16 step is 32 bytes further along the swizzled row: +2 in the descriptor's address field
+        descs = [a0 + cutlass.Int64(2 * u) for u in range(4)] + [b0 + cutlass.Int64(2 * u) for u in range(4)]
+        res = cute.arch.inline_ptx(
+            wgmma_ptx(NT),
+            write_only_types=[cutlass.Float32] * NA,
+            read_only_args=descs + [acc[e] for e in range(NA)],
+        )
+        for e in cutlass.range_constexpr(NA):
+            acc[e] = res[e]
+        if t == 0:
+            cute.arch.mbarrier_arrive(empty + s)
 
     @cute.jit
     def reduce_and_store(self, acc, red, rank, tile, wg, t, tidx, out, residual, n):

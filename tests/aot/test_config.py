@@ -257,6 +257,36 @@ def test_each_kind_refuses_one_token_past_its_limit_naming_the_kind(kwargs, limi
         KernelConfig(m=limit + 1, **kwargs).check()
 
 
+WALK = {**WGMMA, "m": 16, "static_k": 4096, "persist": 132}
+
+
+def test_the_wgmma_walk_keeps_every_token_of_k_resident_beside_a_weight_only_ring():
+    walk = KernelConfig(**WALK)
+    walk.check(n=28672, k=4096)
+    plain = KernelConfig(**{**WALK, "static_k": 0, "persist": 0})
+    assert walk.wgmma_stage == 64 * 128 and plain.wgmma_stage == (64 + 16) * 128
+    assert walk.wgmma_tokens == 4096 * 16 * 2 and plain.wgmma_tokens == 0
+    assert walk.wgmma_smem - plain.wgmma_smem == walk.wgmma_tokens - 4 * 16 * 128
+    assert walk.launch(28672).grid == 132 and walk.launch(6144).grid == 96  # at most one CTA per row group
+    assert walk.name.endswith("_k4096_pdl_s4_p132")
+
+
+@pytest.mark.parametrize(
+    "kwargs, rule",
+    [
+        ({**WALK, "static_k": 0}, "persist"),  # the resident tokens are sized by K
+        ({**WALK, "persist": 0}, "wgmma tile"),  # a static K without the walk
+        ({**WALK, "split": 2}, "persist"),
+        ({**WALK, "static_k": 192}, "persist"),  # 3 chunks under 4 stages
+        ({**WALK, "static_k": 8192}, "shared memory"),  # 256 KB of tokens
+        ({**WALK, "m": 32, "static_k": 4096}, "shared memory"),  # 256 KB of tokens at N = 32
+    ],
+)
+def test_the_wgmma_walk_names_its_rule(kwargs, rule):
+    with pytest.raises(ConfigError, match=f"rule '{rule}'"):
+        KernelConfig(**kwargs).check()
+
+
 def test_m_above_8_doubles_the_unsliced_reduction_buffers():
     """Past 8 tokens the accumulators' c2, c3 (A rows 8..15) are real outputs: the K-split warps share twice as much."""
     m8, m16 = (KernelConfig(m=m, threads=256, k_threads=256, cols=8, **MMA) for m in (8, 16))

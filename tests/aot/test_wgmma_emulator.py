@@ -20,6 +20,10 @@ CASES = [
     (KernelConfig(m=20, threads=384, k_threads=384, cols=128, stages=2, **WG), 128, 192),
     (KernelConfig(m=32, threads=256, k_threads=256, cols=64, stages=2, split=2, **WG), 64, 512),
     (KernelConfig(m=24, threads=256, k_threads=256, cols=64, stages=3, split=4, **WG), 128, 1024),
+    # the walk: 3 CTAs over 7 row groups (1-3 groups each, the ring's chunk count running on across them, 3
+    # stages against 4 chunks per group); one over 2 groups of two consumers, tokens 9..15 zeros
+    (KernelConfig(m=12, threads=256, k_threads=256, cols=64, stages=3, static_k=256, persist=3, **WG), 448, 256),
+    (KernelConfig(m=9, threads=384, k_threads=384, cols=128, stages=2, static_k=128, persist=1, **WG), 256, 128),
 ]
 
 
@@ -45,6 +49,10 @@ def test_every_output_is_the_exact_product_stored_once(cfg, n, k):
         ("token rows swapped in pairs", lambda cols, r, j: cols * 128 + (r ^ 1) * 128 + ((j ^ (r % 8)) * 16)),
         # at nt = 32: the second turn copies the first turn's chunks again, so token rows 16..31 are never written
         ("second turn repeating the first", lambda t, turn, copiers: (t // 8, t % 8)),
+        # the walk's resident chunks all in one place: every group multiplies the last chunk's tokens
+        ("walk tokens in one chunk", lambda c, nt: 0),
+        # the walk's chunks overlapping by a row
+        ("walk tokens a row short", lambda c, nt: c * (nt - 1) * 128),
         (
             "accumulator rows of the other half",
             lambda e, warp, lane: (warp * 16 + lane // 4 + 8 * (e % 2), 8 * (e // 4) + 2 * (lane % 4) + (e // 2) % 2),
@@ -57,8 +65,8 @@ def test_every_output_is_the_exact_product_stored_once(cfg, n, k):
 )
 def test_a_wrong_index_function_gives_wrong_outputs(monkeypatch, name, fake):
     """Negative controls: the check above fails when one of the kernel's index functions is wrong."""
-    cfg, n, k = CASES[-1] if name.startswith("second turn") else CASES[1]
-    target = {"token": "token_dst", "secon": "token_chunk"}.get(name[:5], "acc_coords")
+    cfg, n, k = {"secon": CASES[5], "walk ": CASES[8]}.get(name[:5], CASES[1])
+    target = {"token": "token_dst", "secon": "token_chunk", "walk ": "walk_tokens"}.get(name[:5], "acc_coords")
     monkeypatch.setattr(wgmma_emulator, target, fake)
     x, w = _inputs(cfg.m, n, k)
     out, stores = wgmma_emulator.run(cfg, x, w)

@@ -885,10 +885,10 @@ def test_new_paths_eager_against_float64(new_paths_table):
 
 def _path_kind(cfg) -> str:
     """A new-path case's kernel path for the negative controls: its kind, and ring or walk if set."""
-    return f"{cfg.kind}{' ring' if cfg.ring else ''}{' walk' if cfg.walk else ''}"
+    return f"{cfg.kind}{' ring' if cfg.ring else ''}{' walk' if cfg.walk or cfg.wgmma_walk else ''}"
 
 
-@pytest.mark.parametrize("kind", ["mma", "mma ring", "mma walk", "wgmma"])
+@pytest.mark.parametrize("kind", ["mma", "mma ring", "mma walk", "wgmma", "wgmma walk"])
 def test_new_paths_negative_control(new_paths_table, kind):
     """The check above fails on a wrong result: a bias variant launched without its bias, compared with it."""
     table, cases = new_paths_table

@@ -14,7 +14,9 @@ reduction's slots and the barrier phases, which the H200 runs check):
   written apart from the kernel's acc_coords, which only decides where the kernel stores it).
 
 Each stage of each CTA of each cluster rank is written and read through one byte array; the ranks' partial
-sums are added as the cluster reduction does, and each stored (token, row) is recorded.
+sums are added as the cluster reduction does, and each stored (token, row) is recorded. A walk (``persist``)
+keeps one array per CTA across its row groups: ring stages reused by the global chunk count, the tokens
+written once, with the first group, into the region after the ring.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import itertools
 
 import numpy as np
 
+from skinny_gemm.kernels.config import WGMMA_K
 from skinny_gemm.kernels.skinny_wgmma import (
     ROW_BYTES,
     SW128_ATOM,
@@ -33,6 +36,7 @@ from skinny_gemm.kernels.skinny_wgmma import (
     token_chunk,
     token_copiers,
     token_dst,
+    walk_tokens,
 )
 
 K16_BYTES = 32
@@ -73,6 +77,70 @@ def _read_operand(smem: np.ndarray, desc: int, rows: int) -> np.ndarray:
     return out
 
 
+def _copy_tokens(smem: np.ndarray, x: np.ndarray, kx: int, base: int, cols: int, nt: int) -> None:
+    """The producer's token copies of the 64-k chunk at ``kx``: copier t's turns write token row r's chunk j at
+    ``base`` + token_dst(cols, r, j) (rows past m copy 0 bytes: zeros land)."""
+    m = x.shape[0]
+    copiers, turns = token_copiers(nt)
+    assert copiers <= 128, "the producer is one warpgroup"
+    for t, turn in itertools.product(range(copiers), range(turns)):
+        r, j = token_chunk(t, turn, copiers)
+        src = x[r, kx + 8 * j : kx + 8 * j + 8] if r < m else np.zeros(8)
+        at = base + token_dst(cols, r, j)
+        smem[at // 2 : at // 2 + 8] = src
+
+
+def _multiply(smem: np.ndarray, acc: dict, a_addr: int, b_addr: int, wg: int, nt: int) -> None:
+    """Consumer warpgroup wg's four k16 steps through the descriptors of a_addr and b_addr, into its threads'
+    accumulators (keyed (wg, warp, lane, e)) as the PTX fragment layout places D."""
+    desc0 = sw128_desc(0)
+    d = np.zeros((64, nt))
+    for u in range(4):
+        a = _read_operand(smem, desc0 + (a_addr >> 4) + 2 * u, 64)
+        b = _read_operand(smem, desc0 + (b_addr >> 4) + 2 * u, nt)
+        d += a @ b.T
+    for warp in range(4):
+        for lane in range(32):
+            for e in range(nt // 2):
+                i, tok = _ptx_acc(e, warp, lane)
+                key = (wg, warp, lane, e)
+                acc[key] = acc.get(key, 0.0) + d[i, tok]
+
+
+def _store(acc: dict, tile: int, cols: int, out: np.ndarray, stores: np.ndarray) -> None:
+    """Each accumulator to the output the kernel's acc_coords names (tokens < m)."""
+    m = out.shape[0]
+    for (wg, warp, lane, e), v in acc.items():
+        i, tok = acc_coords(e, warp, lane)
+        if tok < m:
+            col = tile * cols + (wg - 1) * 64 + i
+            out[tok, col] = v
+            stores[tok, col] += 1
+
+
+def _walk(cfg, x: np.ndarray, w: np.ndarray, out: np.ndarray, stores: np.ndarray) -> None:
+    """The ``persist`` walk: CTA b takes row groups b, b + grid, ...; its ring runs on across them (global chunk g),
+    and the tokens land once, with the first group's chunks, in the resident region after the ring."""
+    n, k = w.shape
+    nt, cols, stages = cfg.nt, cfg.cols, cfg.stages
+    chunks = k // WGMMA_K
+    tokens = stages * cfg.wgmma_stage
+    grid = cfg.grid(n)
+    for b in range(grid):
+        smem = np.full((tokens + cfg.wgmma_tokens) // 2, np.nan)  # bf16 slots; unwritten ones poison a product
+        for it, tile in enumerate(range(b, cfg.row_groups(n), grid)):
+            acc = {}
+            for c in range(chunks):
+                stage = (it * chunks + c) % stages * cfg.wgmma_stage
+                kx, row = box_coords(c, tile, cols)
+                _write_box(smem, stage, w[row : row + cols, kx : kx + 64])
+                if it == 0:
+                    _copy_tokens(smem, x, kx, tokens + walk_tokens(c, nt), 0, nt)
+                for wg in range(1, cols // 64 + 1):
+                    _multiply(smem, acc, operand_addrs(stage, wg, cols)[0], tokens + walk_tokens(c, nt), wg, nt)
+            _store(acc, tile, cols, out, stores)
+
+
 def run(cfg, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(out[m, n] as the kernel stores it, NaN where never stored; stores[m, n] per output) for tokens x, weight w."""
     m, k = x.shape
@@ -80,44 +148,23 @@ def run(cfg, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     nt, cols, split, stages = cfg.nt, cfg.cols, cfg.split, cfg.stages
     out = np.full((m, n), np.nan)
     stores = np.zeros((m, n), dtype=np.int32)
+    if cfg.wgmma_walk:
+        _walk(cfg, x, w, out, stores)
+        return out, stores
     chunks = k // cfg.k_step
-    desc0 = sw128_desc(0)
     for tile in range(cfg.row_groups(n)):
         total = {}  # (consumer warpgroup, warp, lane, e) -> sum over the cluster's ranks
         for rank in range(split):
             smem = np.full(stages * cfg.wgmma_stage // 2, np.nan)  # bf16 slots; unwritten ones poison a product
             acc = {}
             for c in range(chunks):
-                s = c % stages
-                stage = s * cfg.wgmma_stage
+                stage = c % stages * cfg.wgmma_stage
                 kx, row = box_coords(rank * chunks + c, tile, cols)
                 _write_box(smem, stage, w[row : row + cols, kx : kx + 64])
-                copiers, turns = token_copiers(nt)
-                assert copiers <= 128, "the producer is one warpgroup"
-                for t, turn in itertools.product(range(copiers), range(turns)):
-                    r, j = token_chunk(t, turn, copiers)
-                    src = x[r, kx + 8 * j : kx + 8 * j + 8] if r < m else np.zeros(8)  # rows past m: 0 bytes, zeros
-                    at = stage + token_dst(cols, r, j)
-                    smem[at // 2 : at // 2 + 8] = src
+                _copy_tokens(smem, x, kx, stage, cols, nt)
                 for wg in range(1, cols // 64 + 1):
-                    a_addr, b_addr = operand_addrs(stage, wg, cols)
-                    d = np.zeros((64, nt))
-                    for u in range(4):
-                        a = _read_operand(smem, desc0 + (a_addr >> 4) + 2 * u, 64)
-                        b = _read_operand(smem, desc0 + (b_addr >> 4) + 2 * u, nt)
-                        d += a @ b.T
-                    for warp in range(4):
-                        for lane in range(32):
-                            for e in range(nt // 2):
-                                i, tok = _ptx_acc(e, warp, lane)
-                                key = (wg, warp, lane, e)
-                                acc[key] = acc.get(key, 0.0) + d[i, tok]
+                    _multiply(smem, acc, *operand_addrs(stage, wg, cols), wg, nt)
             for key, v in acc.items():
                 total[key] = total.get(key, 0.0) + v
-        for (wg, warp, lane, e), v in total.items():
-            i, tok = acc_coords(e, warp, lane)
-            if tok < m:
-                col = tile * cols + (wg - 1) * 64 + i
-                out[tok, col] = v
-                stores[tok, col] += 1
+        _store(total, tile, cols, out, stores)
     return out, stores
