@@ -52,8 +52,9 @@ def confirm_replays(trials: int, confirm_trials: int | None) -> int:
 
 def twin(cfg: KernelConfig) -> KernelConfig:
     """``cfg`` launched without PDL: the SIMT walk (``persist``) and ``early`` need PDL, so they go too; the mma
-    walk runs without it."""
-    return dataclasses.replace(cfg, pdl=False, early=False, persist=cfg.persist if cfg.walk else 0)
+    and wgmma walks run without it."""
+    keep = cfg.walk or cfg.wgmma_walk
+    return dataclasses.replace(cfg, pdl=False, early=False, persist=cfg.persist if keep else 0)
 
 
 def no_pdl_twins(cands: list[KernelConfig], n: int, k: int) -> list[KernelConfig]:

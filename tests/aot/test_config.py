@@ -271,6 +271,15 @@ def test_the_wgmma_walk_keeps_every_token_of_k_resident_beside_a_weight_only_rin
     assert walk.name.endswith("_k4096_pdl_s4_p132")
 
 
+def test_the_wgmma_walks_no_pdl_twin_stays_a_walk():
+    """The decode phase's no-PDL twin of a wgmma walk keeps ``persist``: a static K without it is no config."""
+    from skinny_gemm.aot.decode_phase import twin
+
+    t = twin(KernelConfig(**WALK))
+    t.check(n=28672, k=4096)
+    assert (t.pdl, t.persist, t.static_k) == (False, 132, 4096)
+
+
 @pytest.mark.parametrize(
     "kwargs, rule",
     [
