@@ -209,35 +209,49 @@ class SkinnyWgmma(Launcher):
         tokens (copier t < copiers: its turns' 16 bytes of a token row, token_chunk) and, once a stage is
         released, its next box."""
         cfg = self.cfg
-        S, NT, M = cfg.stages, cfg.nt, cfg.m
-        COPIERS, TURNS = token_copiers(NT)
+        S = cfg.stages
+        COPIERS = token_copiers(cfg.nt)[0]
         if t == 0:
             for s in cutlass.range_constexpr(S):
                 if s < chunks:
                     self.issue_weight(wmap, ring, full, tile, c0 + s, s)
         wait_previous_grid(cfg)
         if t < COPIERS:
-            srcs, nbytes, dst_offs = [], [], []
-            for turn in cutlass.range_constexpr(TURNS):
-                r, j = token_chunk(t, turn, COPIERS)
-                live = r < M
-                src_row = r if live else 0  # rows past m copy 0 bytes (zeros land) from a valid address
-                nbytes.append(cutlass.Int32(16) if live else cutlass.Int32(0))
-                srcs.append(a + cute.assume(src_row * kk + c0 * WGMMA_K + j * 8, divby=8))
-                dst_offs.append(token_dst(cfg.cols, r, j))
+            copies = self.token_sources(a, t, kk, c0 * WGMMA_K, cfg.cols)
             for c in cutlass.range(chunks, unroll=1):
                 s = c % S
                 if c >= S:
                     cute.arch.mbarrier_wait(empty + s, ((c // S) - 1) & 1)
                     if t == 0:
                         self.issue_weight(wmap, ring, full, tile, c0 + c, s)
-                for turn in cutlass.range_constexpr(TURNS):
-                    dst = ring + (s * cfg.wgmma_stage + dst_offs[turn])
-                    cute.arch.inline_ptx(
-                        CP_ASYNC_PTX,
-                        read_only_args=[dst.toint(), (srcs[turn] + c * WGMMA_K).toint(), nbytes[turn]],
-                    )
+                self.copy_tokens(ring + s * cfg.wgmma_stage, copies, c)
                 cute.arch.inline_ptx(CP_ARRIVE_PTX, read_only_args=[(full + s).toint()])
+
+    @cute.jit
+    def token_sources(self, a, t, kk, k0, cols):
+        """Copier t's turns (token_chunk): per turn its source at K element k0, its byte count (0 for token rows
+        past m: zeros land, read from row 0's valid address) and its offset in a token box after ``cols`` rows."""
+        COPIERS, TURNS = token_copiers(self.cfg.nt)
+        srcs, nbytes, dst_offs = [], [], []
+        for turn in cutlass.range_constexpr(TURNS):
+            r, j = token_chunk(t, turn, COPIERS)
+            live = r < self.cfg.m
+            src_row = r if live else 0
+            nbytes.append(cutlass.Int32(16) if live else cutlass.Int32(0))
+            srcs.append(a + cute.assume(src_row * kk + k0 + j * 8, divby=8))
+            dst_offs.append(token_dst(cols, r, j))
+        return srcs, nbytes, dst_offs
+
+    @cute.jit
+    def copy_tokens(self, box, copies, c):
+        """A copier's turns of 64-k chunk c (token_sources' copies): 16 bytes each by cp.async into the box at ``box``."""
+        srcs, nbytes, dst_offs = copies
+        for turn in cutlass.range_constexpr(len(srcs)):
+            dst = box + dst_offs[turn]
+            cute.arch.inline_ptx(
+                CP_ASYNC_PTX,
+                read_only_args=[dst.toint(), (srcs[turn] + c * WGMMA_K).toint(), nbytes[turn]],
+            )
 
     @cute.jit
     def produce_walk(self, a, wmap, ring, tokens, full, empty, bidx, kk, t, n):
@@ -246,9 +260,9 @@ class SkinnyWgmma(Launcher):
         copied with the first group's chunks into the resident region; every copier arrives on every stage, so
         each full barrier counts the same arrivals for any group."""
         cfg = self.cfg
-        S, NT, M = cfg.stages, cfg.nt, cfg.m
+        S, NT = cfg.stages, cfg.nt
         CHUNKS = cfg.static_k // WGMMA_K
-        COPIERS, TURNS = token_copiers(NT)
+        COPIERS = token_copiers(NT)[0]
         nct, _, _ = cute.arch.grid_dim()
         groups = n // cfg.cols
         if t == 0:
@@ -256,14 +270,7 @@ class SkinnyWgmma(Launcher):
                 self.issue_weight(wmap, ring, full, bidx, s, s)
         wait_previous_grid(cfg)
         if t < COPIERS:
-            srcs, nbytes, dst_offs = [], [], []
-            for turn in cutlass.range_constexpr(TURNS):
-                r, j = token_chunk(t, turn, COPIERS)
-                live = r < M
-                src_row = r if live else 0  # rows past m copy 0 bytes (zeros land) from a valid address
-                nbytes.append(cutlass.Int32(16) if live else cutlass.Int32(0))
-                srcs.append(a + cute.assume(src_row * kk + j * 8, divby=8))
-                dst_offs.append(token_dst(0, r, j))
+            copies = self.token_sources(a, t, kk, 0, 0)
             for tile in cutlass.range(bidx, groups, nct, unroll=1):
                 g0 = (tile - bidx) // nct * CHUNKS
                 for c in cutlass.range(CHUNKS, unroll=1):
@@ -274,12 +281,7 @@ class SkinnyWgmma(Launcher):
                         if t == 0:
                             self.issue_weight(wmap, ring, full, tile, c, s)
                     if tile == bidx:
-                        for turn in cutlass.range_constexpr(TURNS):
-                            dst = tokens + (walk_tokens(c, NT) + dst_offs[turn])
-                            cute.arch.inline_ptx(
-                                CP_ASYNC_PTX,
-                                read_only_args=[dst.toint(), (srcs[turn] + c * WGMMA_K).toint(), nbytes[turn]],
-                            )
+                        self.copy_tokens(tokens + walk_tokens(c, NT), copies, c)
                     cute.arch.inline_ptx(CP_ARRIVE_PTX, read_only_args=[(full + s).toint()])
 
     @cute.jit
