@@ -164,9 +164,8 @@ class SkinnyWgmma(Launcher):
         smem = cute.arch.get_dyn_smem(cutlass.Int8, alignment=SW128_ATOM)
         ring = smem  # (stage, [cols weight rows | nt token rows (none in the walk)], 128) bytes, each row swizzled
         tokens = smem + S * STAGE  # the walk's (chunk, nt token rows, 128) bytes, swizzled as in a stage
-        full = cute.recast_ptr(
-            smem + (S * STAGE + TOKENS), dtype=cutlass.Int64
-        )  # (stage): weight box and tokens landed
+        # (stage): the weight box and the stage's tokens (the walk: its first group's) landed
+        full = cute.recast_ptr(smem + (S * STAGE + TOKENS), dtype=cutlass.Int64)
         empty = full + S  # (stage): every consumer warpgroup done reading it
         red = cute.recast_ptr(smem + (S * STAGE + TOKENS) + 16 * S, dtype=cutlass.Float32)  # (rank - 1, thread, e)
         if tidx == 0:
