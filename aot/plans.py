@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kernels.config import DECODE_MS, H200_SMS, MAX_M, MAX_M_MMA, MMA_K_STEP, TAIL_K_GRAIN, ConfigError, KernelConfig
+from ..kernels.config import DECODE_MS, H200_SMS, MAX_M_MMA, MMA_K_STEP, TAIL_K_GRAIN, ConfigError, KernelConfig
 from ..runtime import modelfile
 from ..runtime.jsonfile import Fields, InputError, printable, read_json
 from ..runtime.manifest import CAPABILITY_FOR_ARCH, config_of, dumps, write_atomic
@@ -265,7 +265,7 @@ def seed_shapes(arch: str, shapes_file: Path) -> list[tuple[int, int, int]]:
                 raise PlanError(f"{f.name}: linears.{name}.tp field {str(tp)!r} missing")
             shapes.add((by_tp[tp][name].n, by_tp[tp][name].k))
     ms = [
-        f.pos_int(m, f"seed_plan_sets.{arch}.planned_M[{i}]", MAX_M)
+        f.pos_int(m, f"seed_plan_sets.{arch}.planned_M[{i}]", MAX_M_MMA)  # heuristic tables: no guess past 16
         for i, m in enumerate(
             f.lst(f.get(seed, "planned_M", f"seed_plan_sets.{arch} "), f"seed_plan_sets.{arch}.planned_M")
         )

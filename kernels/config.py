@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # fp32 accumulators plus in-flight load registers a thread may hold. Above
 # this ptxas spills on sm_90a (255 registers, a third kept for addressing).
@@ -105,6 +106,15 @@ class LaunchShape:
     smem: int
     # launched with programmatic stream serialization (the kernel's griddepcontrol wait then overlaps)
     pdl: bool
+
+
+class WgmmaLayout(NamedTuple):
+    """Byte offsets of a "wgmma" CTA's shared-memory regions (``KernelConfig.wgmma_layout``)."""
+
+    tokens: int
+    barriers: int
+    reduction: int
+    end: int
 
 
 @dataclass(frozen=True, order=True)
@@ -380,12 +390,21 @@ class KernelConfig:
         return self.static_k // WGMMA_K * self.nt * WGMMA_K * 2 if self.wgmma_walk else 0
 
     @property
+    def wgmma_layout(self) -> WgmmaLayout:
+        """Byte offsets in a "wgmma" CTA's dynamic shared memory (from its 1024-aligned start): the ring's stages
+        from 0, then the walk's resident tokens, a full and an empty mbarrier per stage, and with ``split`` the
+        slots CTA 0 receives (every consumer thread's accumulators from each other CTA); the kernel addresses
+        exactly these."""
+        tokens = self.stages * self.wgmma_stage
+        barriers = tokens + self.wgmma_tokens
+        reduction = barriers + 16 * self.stages
+        end = reduction + (self.split - 1) * self.cols * 2 * (self.nt // 2) * 4
+        return WgmmaLayout(tokens, barriers, reduction, end)
+
+    @property
     def wgmma_smem(self) -> int:
-        """Dynamic shared-memory bytes of a "wgmma" CTA: the ring, a full and an empty mbarrier per stage, with
-        ``split`` the slots CTA 0 receives (every consumer thread's accumulators from each other CTA), the walk's
-        resident tokens, and the 1024 bytes the ring's alignment may cost."""
-        red = (self.split - 1) * self.cols * 2 * (self.nt // 2) * 4
-        return self.stages * self.wgmma_stage + self.wgmma_tokens + 16 * self.stages + red + 1024
+        """Dynamic shared-memory bytes of a "wgmma" CTA: its layout and the 1024 bytes the ring's alignment may cost."""
+        return self.wgmma_layout.end + 1024
 
     @property
     def bulk_smem(self) -> int:
@@ -543,7 +562,7 @@ def _option_rules(c: KernelConfig) -> None:
             f"static_k={c.static_k}), or kind 'mma' with a static K: the walk preloads each group's first "
             "trip, the first one before the PDL wait"
         )
-    limit, why = M_LIMITS.get(c.kind, (MAX_M_MMA, "the mma A side's 16 rows"))
+    limit, why = M_LIMITS[c.kind]
     if c.m > limit:
         raise ConfigError(f"rule 'm range': m={c.m} exceeds {limit} for kind {c.kind!r} ({why})")
     if c.token_groups != 1 and (c.slices == 1 or c.ring or c.m % c.token_groups or c.m // c.token_groups < 2):
@@ -672,8 +691,10 @@ def _wgmma_rules(c: KernelConfig) -> None:
         )
 
 
-# The most tokens each kind runs (kinds not named: MAX_M_MMA), and why.
+# The most tokens each kind runs, and why.
 M_LIMITS = {
+    "simt": (MAX_M_MMA, "tuned and register-ruled up to 16 tokens"),
+    "mma": (MAX_M_MMA, "the MMA's A side holds 16 token rows"),
     "bulk": (MAX_M_BULK, "a lane loads one token: A rows 8..15 stay zero"),
     "wgmma": (MAX_M, "the producer warpgroup copies a stage's nt x 8 token chunks in at most 2 turns"),
 }

@@ -91,7 +91,25 @@ def token_copiers(nt):
     """(threads of the producer warpgroup that copy a stage's nt x 8 token chunks, chunks each): as few turns of
     at most one warpgroup as hold them (nt 24 and 32: two turns of 96 and 128 threads)."""
     turns = -(-nt * 8 // WARPGROUP)
+    assert nt * 8 % turns == 0, nt
     return nt * 8 // turns, turns
+
+
+def token_src(r, j, kk, k0):
+    """Element offset in the tokens (m rows of K) of token row r's 16-byte chunk j of the 64-k chunk at k0."""
+    return r * kk + k0 + j * 8
+
+
+def walk_chunk(tile, bidx, nct, c, chunks):
+    """The ring's chunk count g of chunk c of row group ``tile`` in CTA bidx's walk (``nct`` CTAs, ``chunks`` per
+    group): producer and consumers both count it, so a group's chunks follow the previous group's in the ring."""
+    return (tile - bidx) // nct * chunks + c
+
+
+def ring_slot(g, stages):
+    """Ring chunk g: (its stage, the parity its full barrier completes, the parity of the empty barrier's release
+    of that stage's previous chunk g - stages, which the producer waits for when g >= stages)."""
+    return g % stages, (g // stages) & 1, ((g // stages) - 1) & 1
 
 
 def token_chunk(t, turn, copiers):
@@ -150,7 +168,7 @@ class SkinnyWgmma(Launcher):
         cfg = self.cfg
         S, NT, X = cfg.stages, cfg.nt, cfg.split
         COPIERS = token_copiers(NT)[0]
-        STAGE, TOKENS = cfg.wgmma_stage, cfg.wgmma_tokens
+        LAYOUT = cfg.wgmma_layout
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         wg = tidx // WARPGROUP
@@ -163,11 +181,11 @@ class SkinnyWgmma(Launcher):
         wmap = w.toint()
         smem = cute.arch.get_dyn_smem(cutlass.Int8, alignment=SW128_ATOM)
         ring = smem  # (stage, [cols weight rows | nt token rows (none in the walk)], 128) bytes, each row swizzled
-        tokens = smem + S * STAGE  # the walk's (chunk, nt token rows, 128) bytes, swizzled as in a stage
+        tokens = smem + LAYOUT.tokens  # the walk's (chunk, nt token rows, 128) bytes, swizzled as in a stage
         # (stage): the weight box and the stage's tokens (the walk: its first group's) landed
-        full = cute.recast_ptr(smem + (S * STAGE + TOKENS), dtype=cutlass.Int64)
+        full = cute.recast_ptr(smem + LAYOUT.barriers, dtype=cutlass.Int64)
         empty = full + S  # (stage): every consumer warpgroup done reading it
-        red = cute.recast_ptr(smem + (S * STAGE + TOKENS) + 16 * S, dtype=cutlass.Float32)  # (rank - 1, thread, e)
+        red = cute.recast_ptr(smem + LAYOUT.reduction, dtype=cutlass.Float32)  # (rank - 1, thread, e)
         if tidx == 0:
             cute.arch.inline_ptx(PREFETCH_MAP_PTX, read_only_args=[wmap])
             for s in cutlass.range_constexpr(S):
@@ -218,9 +236,9 @@ class SkinnyWgmma(Launcher):
         if t < COPIERS:
             copies = self.token_sources(a, t, kk, c0 * WGMMA_K, cfg.cols)
             for c in cutlass.range(chunks, unroll=1):
-                s = c % S
+                s, _, released = ring_slot(c, S)
                 if c >= S:
-                    cute.arch.mbarrier_wait(empty + s, ((c // S) - 1) & 1)
+                    cute.arch.mbarrier_wait(empty + s, released)
                     if t == 0:
                         self.issue_weight(wmap, ring, full, tile, c0 + c, s)
                 self.copy_tokens(ring + s * cfg.wgmma_stage, copies, c)
@@ -237,7 +255,7 @@ class SkinnyWgmma(Launcher):
             live = r < self.cfg.m
             src_row = r if live else 0
             nbytes.append(cutlass.Int32(16) if live else cutlass.Int32(0))
-            srcs.append(a + cute.assume(src_row * kk + k0 + j * 8, divby=8))
+            srcs.append(a + cute.assume(token_src(src_row, j, kk, k0), divby=8))
             dst_offs.append(token_dst(cols, r, j))
         return srcs, nbytes, dst_offs
 
@@ -271,12 +289,11 @@ class SkinnyWgmma(Launcher):
         if t < COPIERS:
             copies = self.token_sources(a, t, kk, 0, 0)
             for tile in cutlass.range(bidx, groups, nct, unroll=1):
-                g0 = (tile - bidx) // nct * CHUNKS
                 for c in cutlass.range(CHUNKS, unroll=1):
-                    g = g0 + c
-                    s = g % S
+                    g = walk_chunk(tile, bidx, nct, c, CHUNKS)
+                    s, _, released = ring_slot(g, S)
                     if g >= S:
-                        cute.arch.mbarrier_wait(empty + s, ((g // S) - 1) & 1)
+                        cute.arch.mbarrier_wait(empty + s, released)
                         if t == 0:
                             self.issue_weight(wmap, ring, full, tile, c, s)
                     if tile == bidx:
@@ -298,9 +315,9 @@ class SkinnyWgmma(Launcher):
         desc0 = cutlass.Int64(sw128_desc(0))
         for tile in cutlass.range(bidx, groups, nct, unroll=1):
             acc.fill(0.0)
-            g0 = (tile - bidx) // nct * CHUNKS
             for c in cutlass.range(CHUNKS, unroll=1):
-                self.multiply(acc, full, empty, g0 + c, base, tok + walk_tokens(c, NT), wg, desc0, t)
+                g = walk_chunk(tile, bidx, nct, c, CHUNKS)
+                self.multiply(acc, full, empty, g, base, tok + walk_tokens(c, NT), wg, desc0, t)
             self.reduce_and_store(acc, None, 0, tile, wg, t, tidx, out, residual, n)
 
     @cute.jit
@@ -324,8 +341,8 @@ class SkinnyWgmma(Launcher):
         cfg = self.cfg
         S, NT = cfg.stages, cfg.nt
         NA = NT // 2
-        s = g % S
-        cute.arch.mbarrier_wait(full + s, (g // S) & 1)
+        s, landed, _ = ring_slot(g, S)
+        cute.arch.mbarrier_wait(full + s, landed)
         cute.arch.inline_ptx(FENCE_ASYNC_PTX)
         a_addr, b_addr = operand_addrs(base + s * cfg.wgmma_stage, wg, cfg.cols)
         if cutlass.const_expr(tokens is not None):

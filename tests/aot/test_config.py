@@ -271,6 +271,27 @@ def test_the_wgmma_walk_keeps_every_token_of_k_resident_beside_a_weight_only_rin
     assert walk.name.endswith("_k4096_pdl_s4_p132")
 
 
+@pytest.mark.parametrize("m", [4, 8, 16, 24, 32])
+def test_every_wgmma_candidates_regions_are_ordered_aligned_and_inside_its_launch(m):
+    """The ring's stages, the walk's tokens (on a 1024-byte swizzle atom), the barriers (8-byte aligned) and the
+    cluster's reduction slots follow each other without overlap, and the launch reserves all of them."""
+    from skinny_gemm.aot.candidates import space_candidates
+
+    found = [
+        c
+        for space in ("wgmma", "wgmma-walk")
+        for n, k in ((28672, 4096), (4096, 1024))
+        for c in space_candidates(space, n, k, m)
+    ]
+    assert any(c.wgmma_walk for c in found) or m > 24
+    for c in found:
+        lay = c.wgmma_layout
+        assert lay.tokens == c.stages * c.wgmma_stage and lay.tokens % 1024 == 0, c.name
+        assert lay.barriers == lay.tokens + c.wgmma_tokens and lay.barriers % 8 == 0, c.name
+        assert lay.reduction == lay.barriers + 16 * c.stages <= lay.end, c.name
+        assert c.launch().smem == lay.end + 1024, c.name
+
+
 def test_the_wgmma_walks_no_pdl_twin_stays_a_walk():
     """The decode phase's no-PDL twin of a wgmma walk keeps ``persist``: a static K without it is no config."""
     from skinny_gemm.aot.decode_phase import twin
@@ -278,6 +299,13 @@ def test_the_wgmma_walks_no_pdl_twin_stays_a_walk():
     t = twin(KernelConfig(**WALK))
     t.check(n=28672, k=4096)
     assert (t.pdl, t.persist, t.static_k) == (False, 132, 4096)
+
+
+def test_the_wgmma_walks_k_is_bounded_by_shared_memory_not_by_the_unrolled_trip_cap():
+    """Its chunk loop stays a loop: 192 chunks of K at 8 tokens pass where an unrolled kernel stops at 64 trips."""
+    KernelConfig(**{**WALK, "m": 8, "static_k": 12288}).check(n=28672, k=12288)
+    with pytest.raises(ConfigError, match="rule 'static k'"):
+        KernelConfig(m=8, kind="mma", threads=256, cols=8, prefetch=False, static_k=65 * 256).check()
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,13 @@ CASES = [
     # stages against 4 chunks per group); one over 2 groups of two consumers, tokens 9..15 zeros
     (KernelConfig(m=12, threads=256, k_threads=256, cols=64, stages=3, static_k=256, persist=3, **WG), 448, 256),
     (KernelConfig(m=9, threads=384, k_threads=384, cols=128, stages=2, static_k=128, persist=1, **WG), 256, 128),
+    # walks at nt 8 and 32 (two copy turns into the resident chunks), without PDL
+    (KernelConfig(m=5, threads=256, k_threads=256, cols=64, stages=2, static_k=256, persist=2, **WG), 192, 256),
+    (
+        KernelConfig(m=32, threads=256, k_threads=256, cols=64, stages=2, static_k=192, persist=2, pdl=False, **WG),
+        320,
+        192,
+    ),
 ]
 
 
@@ -53,6 +60,8 @@ def test_every_output_is_the_exact_product_stored_once(cfg, n, k):
         ("walk tokens in one chunk", lambda c, nt: 0),
         # the walk's chunks overlapping by a row
         ("walk tokens a row short", lambda c, nt: c * (nt - 1) * 128),
+        # a row's 16-byte chunks read in swapped pairs
+        ("token source chunks swapped", lambda r, j, kk, k0: r * kk + k0 + (j ^ 1) * 8),
         (
             "accumulator rows of the other half",
             lambda e, warp, lane: (warp * 16 + lane // 4 + 8 * (e % 2), 8 * (e // 4) + 2 * (lane % 4) + (e // 2) % 2),
@@ -67,6 +76,7 @@ def test_a_wrong_index_function_gives_wrong_outputs(monkeypatch, name, fake):
     """Negative controls: the check above fails when one of the kernel's index functions is wrong."""
     cfg, n, k = {"secon": CASES[5], "walk ": CASES[8]}.get(name[:5], CASES[1])
     target = {"token": "token_dst", "secon": "token_chunk", "walk ": "walk_tokens"}.get(name[:5], "acc_coords")
+    target = "token_src" if name.startswith("token source") else target
     monkeypatch.setattr(wgmma_emulator, target, fake)
     x, w = _inputs(cfg.m, n, k)
     out, stores = wgmma_emulator.run(cfg, x, w)

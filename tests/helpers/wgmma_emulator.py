@@ -32,10 +32,13 @@ from skinny_gemm.kernels.skinny_wgmma import (
     acc_coords,
     box_coords,
     operand_addrs,
+    ring_slot,
     sw128_desc,
     token_chunk,
     token_copiers,
     token_dst,
+    token_src,
+    walk_chunk,
     walk_tokens,
 )
 
@@ -80,12 +83,15 @@ def _read_operand(smem: np.ndarray, desc: int, rows: int) -> np.ndarray:
 def _copy_tokens(smem: np.ndarray, x: np.ndarray, kx: int, base: int, cols: int, nt: int) -> None:
     """The producer's token copies of the 64-k chunk at ``kx``: copier t's turns write token row r's chunk j at
     ``base`` + token_dst(cols, r, j) (rows past m copy 0 bytes: zeros land)."""
-    m = x.shape[0]
+    m, k = x.shape
+    flat = x.reshape(-1)
     copiers, turns = token_copiers(nt)
     assert copiers <= 128, "the producer is one warpgroup"
     for t, turn in itertools.product(range(copiers), range(turns)):
         r, j = token_chunk(t, turn, copiers)
-        src = x[r, kx + 8 * j : kx + 8 * j + 8] if r < m else np.zeros(8)
+        at = token_src(r, j, k, kx)
+        assert r >= m or 0 <= at <= flat.size - 8, f"token row {r} chunk {j} read outside the tokens"
+        src = flat[at : at + 8] if r < m else np.zeros(8)
         at = base + token_dst(cols, r, j)
         smem[at // 2 : at // 2 + 8] = src
 
@@ -131,7 +137,7 @@ def _walk(cfg, x: np.ndarray, w: np.ndarray, out: np.ndarray, stores: np.ndarray
         for it, tile in enumerate(range(b, cfg.row_groups(n), grid)):
             acc = {}
             for c in range(chunks):
-                stage = (it * chunks + c) % stages * cfg.wgmma_stage
+                stage = ring_slot(walk_chunk(tile, b, grid, c, chunks), stages)[0] * cfg.wgmma_stage
                 kx, row = box_coords(c, tile, cols)
                 _write_box(smem, stage, w[row : row + cols, kx : kx + 64])
                 if it == 0:
@@ -158,7 +164,7 @@ def run(cfg, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             smem = np.full(stages * cfg.wgmma_stage // 2, np.nan)  # bf16 slots; unwritten ones poison a product
             acc = {}
             for c in range(chunks):
-                stage = c % stages * cfg.wgmma_stage
+                stage = ring_slot(c, stages)[0] * cfg.wgmma_stage
                 kx, row = box_coords(rank * chunks + c, tile, cols)
                 _write_box(smem, stage, w[row : row + cols, kx : kx + 64])
                 _copy_tokens(smem, x, kx, stage, cols, nt)
