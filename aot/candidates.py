@@ -123,6 +123,8 @@ RULES = {
     "persist_caps_grid": lambda cfg, n, k, _, sms: n // cfg.cols_per_cta > cfg.persist,
     # a walk whose CTAs cannot all be resident runs in waves, which is what it exists to avoid
     "persist_resident": lambda cfg, n, k, _, sms: cfg.persist <= sms * resident_ctas(cfg),
+    # a tail costs its masks: offered where N needs it, and only there
+    "tail_where_needed": lambda cfg, n, k, _, sms: cfg.tail == bool(n % cfg.cols_per_cta),
 }
 
 

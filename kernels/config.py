@@ -175,7 +175,8 @@ class KernelConfig:
     bias: bool = False
     # K need only be a multiple of 8 and N any size: the last K trip takes only the loads inside K (the
     # others are zeros, never products of masked values) and the last CTA's columns past N are neither
-    # read (their loads read row N-1) nor written
+    # read (their loads read row N-1) nor written. Kind "wgmma": N any size, K still whole 64-k chunks (the
+    # TMA box's rows past N land as zeros; the stores past N are masked)
     tail: bool = False
     # mma: the pipeline's ``stages`` live in shared memory, not registers: each lane copies its 16-byte
     # weight and token words by cp.async into its own slots and reads them back right before its MMAs,
@@ -600,10 +601,16 @@ def _option_rules(c: KernelConfig) -> None:
             f"(kind={c.kind!r}, split={c.split}, m={c.m}, token_groups={c.token_groups}): the A side's "
             f"{MMA_A_ROWS} rows hold every token of a group at every slice"
         )
-    if c.tail and (c.kind not in ("simt", "mma") or c.split != 1 or c.persist or c.static_k):
+    if c.tail and c.kind == "wgmma":
+        if c.split != 1:
+            raise ConfigError(
+                f"rule 'tail': tail with kind 'wgmma' needs split 1 (split={c.split}): its tail is N's only, a weight "
+                "box past N landing zeros and the stores masked, and a cluster's reduction is written for whole groups"
+            )
+    elif c.tail and (c.kind not in ("simt", "mma") or c.split != 1 or c.persist or c.static_k):
         raise ConfigError(
-            f"rule 'tail': tail needs kind 'simt' or 'mma', split 1, no persist and a runtime K "
-            f"(kind={c.kind!r}, split={c.split}, persist={c.persist}, static_k={c.static_k}): the tail trip "
+            f"rule 'tail': tail needs kind 'simt' or 'mma', split 1, no persist and a runtime K, or kind 'wgmma' with "
+            f"split 1 (kind={c.kind!r}, split={c.split}, persist={c.persist}, static_k={c.static_k}): the tail trip "
             "and the column mask are written for one CTA per row group and a K known only at run time"
         )
     if c.ring and (c.kind != "mma" or c.stages < 2):
@@ -705,7 +712,7 @@ _KIND_RULES = {"simt": _simt_rules, "mma": _mma_rules, "bulk": _bulk_rules, "wgm
 def _shape_rules(c: KernelConfig, n: int | None, k: int | None) -> None:
     """Whether this config can run (n, k); either may be None (not checked)."""
     if k is not None:
-        if c.tail:
+        if c.tail and c.kind != "wgmma":  # wgmma's tail is N's only: K stays whole 64-k chunks
             if k % TAIL_K_GRAIN:
                 raise ConfigError(f"rule 'k tail': K={k} is not a multiple of {TAIL_K_GRAIN} (16-byte rows)")
             if k < c.k_step:

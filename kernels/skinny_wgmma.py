@@ -27,6 +27,9 @@ Split: ``split`` CTAs of a cluster share a row group, each a contiguous K
 slice; ranks 1.. add their accumulators into rank 0's shared memory
 (distributed shared memory), rank 0 adds the residual or bias and stores.
 
+Tail (``tail``): N of any size; the last row group's TMA box rows past N
+land as zeros (the tensor map has N rows) and its stores past N are masked.
+
 Walk (``persist``, static K): a grid of at most ``persist`` CTAs walks the
 row groups ``gridDim`` apart. The tokens are copied once, with the first
 group's chunks, into a resident region (chunk c: nt rows x 128 B, swizzled as
@@ -281,7 +284,7 @@ class SkinnyWgmma(Launcher):
         CHUNKS = cfg.static_k // WGMMA_K
         COPIERS = token_copiers(NT)[0]
         nct, _, _ = cute.arch.grid_dim()
-        groups = n // cfg.cols
+        groups = cfg.row_groups(n)
         if t == 0:
             for s in cutlass.range_constexpr(S):  # CHUNKS >= S: the config's rule
                 self.issue_weight(wmap, ring, full, bidx, s, s)
@@ -308,7 +311,7 @@ class SkinnyWgmma(Launcher):
         NT = cfg.nt
         CHUNKS = cfg.static_k // WGMMA_K
         nct, _, _ = cute.arch.grid_dim()
-        groups = n // cfg.cols
+        groups = cfg.row_groups(n)
         acc = cute.make_rmem_tensor(NT // 2, cutlass.Float32)  # (e): see the module docstring
         base = ring.toint() & 0x3FFFF
         tok = tokens.toint() & 0x3FFFF

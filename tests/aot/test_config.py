@@ -292,6 +292,19 @@ def test_every_wgmma_candidates_regions_are_ordered_aligned_and_inside_its_launc
         assert c.launch().smem == lay.end + 1024, c.name
 
 
+def test_the_wgmma_tail_is_n_only():
+    """Kind "wgmma" with ``tail`` serves any N (plain or walk) and still only whole 64-k chunks, split 1 only."""
+    KernelConfig(**{**WGMMA, "m": 16, "tail": True}).check(n=3336, k=4096)
+    KernelConfig(**{**WALK, "tail": True}).check(n=19360, k=4096)
+    for kwargs, n, k, rule in (
+        ({**WGMMA, "m": 16, "tail": True}, 3336, 4104, "k divisible"),
+        ({**WGMMA, "m": 16, "tail": True, "split": 2}, 3336, 4096, "tail"),
+        ({**WGMMA, "m": 16}, 3336, 4096, "n divisible"),
+    ):
+        with pytest.raises(ConfigError, match=f"rule '{rule}'"):
+            KernelConfig(**kwargs).check(n=n, k=k)
+
+
 def test_the_wgmma_walks_no_pdl_twin_stays_a_walk():
     """The decode phase's no-PDL twin of a wgmma walk keeps ``persist``: a static K without it is no config."""
     from skinny_gemm.aot.decode_phase import twin

@@ -31,6 +31,14 @@ CASES = [
         320,
         192,
     ),
+    # tails: N = 200 in two 128-row groups (rows 200..255 of the second box land as zeros, their stores masked),
+    # and a walk of 2 CTAs over 5 64-row groups ending at N = 300
+    (KernelConfig(m=16, threads=384, k_threads=384, cols=128, stages=2, tail=True, **WG), 200, 192),
+    (
+        KernelConfig(m=8, threads=256, k_threads=256, cols=64, stages=2, static_k=256, persist=2, tail=True, **WG),
+        300,
+        256,
+    ),
 ]
 
 

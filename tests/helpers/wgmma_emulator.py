@@ -60,9 +60,13 @@ def _decode(desc: int) -> tuple[int, int, int]:
     return (desc & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4, desc >> 62
 
 
-def _write_box(smem: np.ndarray, base: int, rows: np.ndarray) -> None:
-    """TMA with the 128-byte swizzle: (rows, 64) bf16 values at ``base`` (1024-aligned)."""
+def _write_box(smem: np.ndarray, base: int, w: np.ndarray, kx: int, row0: int, cols: int) -> None:
+    """TMA with the 128-byte swizzle: the (cols, 64) box of weight w at (k element kx, row row0) at ``base``
+    (1024-aligned); rows past the weight's N land as zeros (the tensor map has N rows)."""
     assert base % SW128_ATOM == 0
+    rows = np.zeros((cols, 64))
+    inside = w[row0 : row0 + cols, kx : kx + 64]
+    rows[: len(inside)] = inside
     for r, row in enumerate(rows):
         for j in range(8):
             at = base + r * ROW_BYTES + (j ^ (r % 8)) * 16
@@ -113,13 +117,15 @@ def _multiply(smem: np.ndarray, acc: dict, a_addr: int, b_addr: int, wg: int, nt
                 acc[key] = acc.get(key, 0.0) + d[i, tok]
 
 
-def _store(acc: dict, tile: int, cols: int, out: np.ndarray, stores: np.ndarray) -> None:
-    """Each accumulator to the output the kernel's acc_coords names (tokens < m)."""
-    m = out.shape[0]
+def _store(acc: dict, tile: int, cols: int, out: np.ndarray, stores: np.ndarray, tail: bool) -> None:
+    """Each accumulator to the output the kernel's acc_coords names (tokens < m; with ``tail`` columns < N, as
+    store_output masks them; without it a column past N is a store outside the output)."""
+    m, n = out.shape
     for (wg, warp, lane, e), v in acc.items():
         i, tok = acc_coords(e, warp, lane)
-        if tok < m:
-            col = tile * cols + (wg - 1) * 64 + i
+        col = tile * cols + (wg - 1) * 64 + i
+        assert tail or col < n, f"column {col} stored past N={n}"
+        if tok < m and col < n:
             out[tok, col] = v
             stores[tok, col] += 1
 
@@ -139,12 +145,12 @@ def _walk(cfg, x: np.ndarray, w: np.ndarray, out: np.ndarray, stores: np.ndarray
             for c in range(chunks):
                 stage = ring_slot(walk_chunk(tile, b, grid, c, chunks), stages)[0] * cfg.wgmma_stage
                 kx, row = box_coords(c, tile, cols)
-                _write_box(smem, stage, w[row : row + cols, kx : kx + 64])
+                _write_box(smem, stage, w, kx, row, cols)
                 if it == 0:
                     _copy_tokens(smem, x, kx, tokens + walk_tokens(c, nt), 0, nt)
                 for wg in range(1, cols // 64 + 1):
                     _multiply(smem, acc, operand_addrs(stage, wg, cols)[0], tokens + walk_tokens(c, nt), wg, nt)
-            _store(acc, tile, cols, out, stores)
+            _store(acc, tile, cols, out, stores, cfg.tail)
 
 
 def run(cfg, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -166,11 +172,11 @@ def run(cfg, x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             for c in range(chunks):
                 stage = ring_slot(c, stages)[0] * cfg.wgmma_stage
                 kx, row = box_coords(rank * chunks + c, tile, cols)
-                _write_box(smem, stage, w[row : row + cols, kx : kx + 64])
+                _write_box(smem, stage, w, kx, row, cols)
                 _copy_tokens(smem, x, kx, stage, cols, nt)
                 for wg in range(1, cols // 64 + 1):
                     _multiply(smem, acc, *operand_addrs(stage, wg, cols), wg, nt)
             for key, v in acc.items():
                 total[key] = total.get(key, 0.0) + v
-        _store(total, tile, cols, out, stores)
+        _store(total, tile, cols, out, stores, cfg.tail)
     return out, stores
