@@ -15,6 +15,7 @@
 #                          $OUT/sweep.tgz (a call brings back 8 files at most), after the bundle's new-path GPU
 #                          tests (every new kernel path against float64).
 #                          A step that fails is reported, the next one still runs, and the exit status is 1.
+# TEST_TIMEOUT (default 300 s) bounds the new-path tests and FOLDER_TIMEOUT (default none) each folder's measure.
 # TILES (default 1,2,4,8) and MIN_CTAS (default 0; e.g. 2,3,4 adds the launch-bound twins, perf.md Next 0) pass
 # through to sliced_candidates.py; SPACE=NAME takes a candidate space's configs instead (space_candidates.py:
 # SPACE=walk, the mma walk); RUN (default sliced-sweep) names measure's result files,
@@ -114,8 +115,9 @@ EOF
     tests=$(mktemp -d)/tests  # outside the checkout: the root conftest.py would put the source tree in place
     cp -r "$bundle/tests" "$tests"
     echo "== new-path GPU tests ($(date +%T))"
+    # a kernel that never finishes (a wrong TMA byte count hangs its mbarrier wait) must not take the call with it
     if ! (cd "$tests" && PYTHONPATH=$site SKINNY_TEST_NEW_PATHS=$bundle/new-paths \
-      python3 -m pytest gpu/test_runtime_gpu.py -k new_paths -q -p no:cacheprovider -rA) >"$OUT/gpu-new-paths.log" 2>&1; then
+      timeout -k 10 "${TEST_TIMEOUT:-300}" python3 -m pytest gpu/test_runtime_gpu.py -k new_paths -q -p no:cacheprovider -rA) >"$OUT/gpu-new-paths.log" 2>&1; then
       echo "== new-path GPU tests FAILED (gpu-new-paths.log)"
       failed=1
     fi
@@ -123,7 +125,7 @@ EOF
     for cells in "${folders[@]}"; do
       name=${cells##*/cells-}
       echo "== $name ($(date +%T))"
-      if ! PYTHONPATH=$site python3 -m skinny_gemm tune measure "$cells" \
+      if ! PYTHONPATH=$site timeout -k 10 "${FOLDER_TIMEOUT:-0}" python3 -m skinny_gemm tune measure "$cells" \
         --results "$OUT/tune-sm_90a-h200-$name-${RUN:-sliced-sweep}.json" --decode-top 8 --decode-passes 2 \
         >"$OUT/tune-$name.log" 2>&1; then
         echo "== $name FAILED (its log: tune-$name.log)"
