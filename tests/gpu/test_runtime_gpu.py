@@ -44,10 +44,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.launch import weight_arg
 from helpers.reference import allowed, assert_within_bound, poison_, poison_allocator, random_tensor, reference
 
 import skinny_gemm
-from skinny_gemm.runtime import diagnostics, driver, loader, ops, tensormaps
+from skinny_gemm.runtime import diagnostics, driver, loader, ops
 from skinny_gemm.runtime.artifacts import ENV_ARTIFACTS, open_dir
 from skinny_gemm.runtime.devices import ArtifactWarning, DeviceTable
 from skinny_gemm.runtime.manifest import ARCH_FOR_CAPABILITY, MANIFEST_NAME
@@ -118,14 +119,6 @@ def stream():
     return torch.cuda.current_stream().cuda_stream
 
 
-def _weight_arg(rec, w) -> int:
-    """The 2nd pointer of a launch: the weight, or for a "wgmma" record the device address of its tensor map."""
-    if not rec.tma:
-        return w.data_ptr()
-    idx = torch.cuda.current_device()
-    return tensormaps.weight_map(idx, w.data_ptr(), rec.n, rec.k, rec.variant.config.cols, stream())
-
-
 def ptr(t):
     return 0 if t is None else t.data_ptr()
 
@@ -142,7 +135,7 @@ def test_every_entry_eager(dev):
                 x = random_tensor((m, k), "cuda", scale, generator=gen)
                 b, r, added = extras(cfg, m, n, scale, gen) if with_extra else (None, None, None)
                 out = poison_(torch.empty(m, n, dtype=BF16, device="cuda"))
-                driver.launch(rec, x.data_ptr(), _weight_arg(rec, w), out.data_ptr(), fourth(b, r), stream())
+                driver.launch(rec, x.data_ptr(), weight_arg(rec, w), out.data_ptr(), fourth(b, r), stream())
                 assert ops.plan(x, w, r, b) is rec, f"dispatch picked another record for {(n, k, m)}"
                 poison_allocator((m, n), "cuda")
                 y = skinny_gemm.linear(x, w, b, residual=r)
@@ -652,8 +645,9 @@ def test_tampered_artifacts_refused_on_the_real_driver(dev, tmp_path):
     res = run_py(
         "import torch, warnings\n"
         "load_skinny_gemm()\n"
-        "from skinny_gemm.runtime import driver, loader, tensormaps\n"
+        "from skinny_gemm.runtime import driver, loader\n"
         "from skinny_gemm.runtime.devices import ArtifactWarning\n"
+        "from helpers.launch import weight_arg\n"
         "from helpers.reference import allowed, assert_within_bound, reference, poison_, random_tensor\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
@@ -666,10 +660,7 @@ def test_tampered_artifacts_refused_on_the_real_driver(dev, tmp_path):
         "    x, w = random_tensor((m, k), 'cuda'), random_tensor((n, k), 'cuda', 0.05)\n"
         "    out = poison_(torch.empty(m, n, dtype=torch.bfloat16, device='cuda'))\n"
         "    stream = torch.cuda.current_stream().cuda_stream\n"
-        "    wp = w.data_ptr()\n"
-        "    if rec.tma:  # a 'wgmma' kernel's 2nd pointer is its weight's tensor map\n"
-        "        wp = tensormaps.weight_map(torch.cuda.current_device(), wp, n, k, rec.variant.config.cols, stream)\n"
-        "    driver.launch(rec, x.data_ptr(), wp, out.data_ptr(), 0, stream)\n"
+        "    driver.launch(rec, x.data_ptr(), weight_arg(rec, w), out.data_ptr(), 0, stream)\n"
         "    torch.cuda.synchronize()\n"
         "    assert_within_bound(out, x, w, what='survivor ' + rec.variant.id)\n"
         "print(json.dumps({'refused': table.library.refused, 'device_refused': table.refused,\n"
@@ -856,7 +847,7 @@ def _launch_guarded(rec, x, w, extra, m, n):
     """Launch into a poisoned output followed by 256 sentinel elements; returns (out, sentinel intact)."""
     buf = torch.full((m * n + 256,), 12352.0, dtype=BF16, device="cuda")
     poison_(buf[: m * n])
-    driver.launch(rec, x.data_ptr(), _weight_arg(rec, w), buf.data_ptr(), ptr(extra), stream())
+    driver.launch(rec, x.data_ptr(), weight_arg(rec, w), buf.data_ptr(), ptr(extra), stream())
     torch.cuda.synchronize()
     return buf[: m * n].view(m, n), bool((buf[m * n :] == 12352.0).all())
 
