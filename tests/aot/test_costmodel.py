@@ -34,7 +34,7 @@ def test_held_out_ranking_is_computed_from_the_timings(held_out):
     # to rank: over the full spaces alone the correlation was 0.84, with them 0.65, and 0.59 once the
     # 2026-12-03 sweeps of 100+ near-equal candidates per cell (ring, sliced at M = 8) came in, 0.54 with the
     # M = 16 token-groups and launch-bound sweeps (400+ per cell, most within 2% of each other), 0.495 with the
-    # 2026-12-04 wgmma sweeps (the kind's first timings in the fit: 32-42 candidates per cell, the walk's among them).
+    # 2026-12-04 wgmma sweeps (the kind's first timings in the fit: 16-42 candidates per cell, the walk's among them).
     assert s["mean_rank_corr"] > 0.48
     assert s["median_measured_rank_of_predicted_best"] <= 12
     assert s["mean_loss"]["16"] < 0.015 and s["prepare_cut"]["mean_loss"] < 0.015
