@@ -28,7 +28,7 @@ import dataclasses
 from ..kernels.config import ConfigError, KernelConfig
 from ..runtime import modelfile
 from ..runtime.jsonfile import InputError
-from .results import CUBLAS, confirmed, fallback_pick, isolated_winners
+from .results import CUBLAS, MIN_SPEEDUP, confirmed, fallback_pick, isolated_winners
 
 # Per cell, how many of the fastest isolated winners are re-timed inside the decode step
 # (each with its no-PDL twin, where that twin is a winner too).
@@ -124,10 +124,10 @@ def step_entry(model: dict, arch: str, tp: int, ms, calls=None, gemms=None) -> d
     }
 
 
-def entry_choices(row: dict, top: int) -> list[str]:
-    """The candidates a cell is timed with in the step: its ``top`` fastest isolated winners and their no-PDL
-    twins (where those are winners too), PDL on and off alike."""
-    winners = isolated_winners(row)
+def entry_choices(row: dict, top: int, min_speedup: float = MIN_SPEEDUP) -> list[str]:
+    """The candidates a cell is timed with in the step: its ``top`` fastest isolated winners (at ``min_speedup``
+    over cuBLAS alone) and their no-PDL twins (where those are winners too), PDL on and off alike."""
+    winners = isolated_winners(row, min_speedup)
     configs = {name: row["candidates"][name].get("config") or {} for name in winners}
 
     def base(name):
@@ -157,6 +157,7 @@ def decode_phase(
     read_cap: int | None = None,
     confirm_trials: int | None = None,
     cublas: bool = True,
+    min_speedup: float = MIN_SPEEDUP,
 ) -> None:
     """Re-rank each cell's candidates (`entry_choices`) inside whole served steps; adds row["decode"] in place.
 
@@ -167,6 +168,10 @@ def decode_phase(
     ``read_cap`` shortens the step's read stand-ins (measure.step_data); None keeps the served step's bytes.
     With ``cublas`` each cell's candidates include cuBLAS itself (``CUBLAS``): alone a kernel may beat cuBLAS and
     lose to it inside the step, and then that cell alone stays on cuBLAS.
+    ``min_speedup`` admits a cell's candidates to the step (its alone speedup over cuBLAS); under the plan's
+    ``MIN_SPEEDUP`` it lets near-ties in, so a cell whose kernels only tie cuBLAS alone is still tried with its
+    neighbours on ours (the kernel before one of ours changes its time in the step; docs/perf.md). The confirm
+    step's fallback set stays the alone-fastest at ``MIN_SPEEDUP``, so such a cell must win in the step.
     """
     import torch
     from tqdm import tqdm
@@ -186,7 +191,7 @@ def decode_phase(
                 if row is not None:
                     share[(n, k)] = share.get((n, k), 0.0) + row["cublas_us"]
         for n, k in sorted(share, key=lambda s: -share[s]):
-            names = entry_choices(cells[(n, k, m)], top)
+            names = entry_choices(cells[(n, k, m)], top, min_speedup)
             if names and cublas:
                 names.append(CUBLAS)
             if len(names) > 1:

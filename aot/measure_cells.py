@@ -23,6 +23,7 @@ def measure(
     decode_passes: int = DECODE_PASSES,
     read_cap_mb: int | None = None,
     confirm_trials: int | None = None,
+    decode_min_speedup: float = MIN_SPEEDUP,
 ) -> dict:
     """On the GPU: check and time every candidate of every cell against cuBLAS; write and return the results."""
     import torch
@@ -87,6 +88,7 @@ def measure(
             decode_passes,
             None if read_cap_mb is None else read_cap_mb << 20,
             confirms,
+            min_speedup=decode_min_speedup,
         )
     data = {
         "arch": arch,
@@ -96,9 +98,11 @@ def measure(
         f"median of {trials} trials",
         "cells": out_rows,
     }
+    if in_step and decode_min_speedup != MIN_SPEEDUP:
+        data["decode_min_speedup"] = decode_min_speedup  # tune write plans the step's picks down to it
     if in_step:
         data["decode_method"] = (
-            f"per cell, its {decode_top} fastest isolated winners (>= {MIN_SPEEDUP}x) and their no-PDL twins "
+            f"per cell, its {decode_top} fastest isolated winners (>= {decode_min_speedup}x) and their no-PDL twins "
             "(PDL on and off compete in every cell), and cuBLAS itself (a cell choosing it gets no plan entry), "
             "timed inside one CUDA graph of the "
             "whole served decode step per TP (the model file's step: projections with the ops between them; "

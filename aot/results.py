@@ -2,8 +2,8 @@
 
 A results file holds, per (n, k, m) cell, every candidate's timing and correctness against cuBLAS
 and, after the decode phase, the candidate chosen inside the served step. ``write_plan`` keeps per
-cell that choice or else the fastest correct candidate, if it beats cuBLAS by ``MIN_SPEEDUP``; a cell whose
-decode choice is cuBLAS (``CUBLAS``) gets no entry.
+cell that choice (where the confirm step kept it) or else the fastest correct candidate, if it beats cuBLAS by
+``MIN_SPEEDUP``; a cell whose decode choice is cuBLAS (``CUBLAS``) gets no entry.
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ def fallback_pick(row: dict, pick):
     The fallback exists to undo kernel-against-kernel picks within the noise, not to plan a kernel the step found
     slower than cuBLAS (on the H200, 2026-12-03: Mistral-Small-24B's 5120x4096 and 6144x5120 at M = 8, Llama-3.1-8B's
     down_proj ring at M = 16, 7666.3 against 7663.2 us)."""
-    if pick == CUBLAS:
-        return CUBLAS
+    if pick in (CUBLAS, None):  # None: a cell with no candidate in the step, on cuBLAS all along
+        return pick
     alone = (isolated_winners(row) or [None])[0]
+    if alone is None:  # a near-tie the step admitted (decode_phase's min_speedup): no kernel to fall back to
+        return CUBLAS
     timed = row.get("decode", {}).get("step_us", {})
     if alone in timed and CUBLAS in timed and sum(timed[CUBLAS].values()) <= sum(timed[alone].values()):
         return CUBLAS
@@ -109,6 +111,9 @@ def read_results(path) -> dict:
         f.fail("field 'arch'", data["arch"], f"one of {sorted(CAPABILITY_FOR_ARCH)}")
     for key in ("gpu", "date", "method"):
         f.text(f.get(data, key), f"field {key!r}")
+    floor = data.get("decode_min_speedup", MIN_SPEEDUP)
+    if type(floor) not in (int, float) or not floor > 0:
+        f.fail("field 'decode_min_speedup'", floor, "a positive number")
     for i, row in enumerate(f.lst(f.get(data, "cells"), "field 'cells'")):
         place = f"cells[{i}]"
         f.obj(row, place)
@@ -167,6 +172,17 @@ def _check_confirm(f: Fields, place: str, decode: dict) -> None:
         )
 
 
+def _step_won(data: dict, row: dict, chosen, kept: bool) -> bool:
+    """Whether a cell's decode choice is a correct kernel that its run admitted to the step below the plan's
+    speedup (`tune measure --decode-min-speedup`: ``decode_min_speedup`` in the results file), picked there over
+    cuBLAS and kept by the confirm step: the step then plans it under ``MIN_SPEEDUP`` alone, as far down as the
+    run admitted (a run without that field admitted nothing below the plan's rule)."""
+    cand = row["candidates"].get(chosen) if chosen not in (None, CUBLAS) else None
+    if not (kept and cand and cand["bad_elements"] == 0 and cand["us"]):
+        return False
+    return row["cublas_us"] / cand["us"] >= data.get("decode_min_speedup", MIN_SPEEDUP)
+
+
 def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = None) -> tuple[Path, int, int]:
     """Turn measured results (one file or a list, merged) into kernels/plans/<arch>.json (or ``out``).
 
@@ -180,11 +196,12 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
     for data, row in merged:
         winners = isolated_winners(row, min_speedup)
         chosen, kept = step_choice(row)
-        if not winners or chosen == CUBLAS:
+        won = _step_won(data, row, chosen, kept)
+        if chosen == CUBLAS or not (winners or won):
             skipped += 1
             in_step += bool(winners)
             continue
-        name = chosen if chosen in winners else winners[0]
+        name = chosen if chosen in winners or won else winners[0]
         best = row["candidates"][name]
         us = best["us"]
         speedup = row["cublas_us"] / us

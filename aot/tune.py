@@ -151,6 +151,15 @@ def add_arguments(p) -> None:
         f"whole step beats every cell on its alone-fastest by {CONFIRM_MARGIN * 100:g}%% (default "
         f"{CONFIRM_TRIALS} x --trials; 0 skips it and keeps the passes' choices)",
     )
+    me.add_argument(
+        "--decode-min-speedup",
+        type=_positive,
+        default=MIN_SPEEDUP,
+        metavar="X",
+        help=f"admit to that phase the candidates at X times cuBLAS's speed alone (default {MIN_SPEEDUP}, the plan's "
+        "entry rule); under it, near-ties are tried in the step, where a choice that the confirm step keeps is "
+        "planned whatever its alone speedup",
+    )
     mf = sub.add_parser("model-fit", help="refit the cost model on the committed H200 timings (CPU, numpy)")
     mf.add_argument("--out", type=Path, help="model JSON to write (default: the committed one next to the timings)")
     mc = sub.add_parser("model-check", help="how well the cost model predicts held-out timings (held out by shape)")
@@ -183,6 +192,14 @@ def add_arguments(p) -> None:
         "source checkout kernels/plans/<arch>.json regenerates the committed one)",
     )
     p.set_defaults(func=main)
+
+
+def _positive(text: str) -> float:
+    """argparse type: a float > 0."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value} is not > 0")
+    return value
 
 
 def _at_least_zero(text: str) -> int:
@@ -246,6 +263,7 @@ def main(args) -> int:
                 decode_passes=args.decode_passes,
                 read_cap_mb=args.decode_read_cap,
                 confirm_trials=args.confirm_trials,
+                decode_min_speedup=args.decode_min_speedup,
             )
             print(f"measured {len(data['cells'])} cells on {data['gpu']} -> {args.results}")
         else:

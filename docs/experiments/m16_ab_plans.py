@@ -12,6 +12,10 @@ does not scatter. Each variant drops one suspect, so the engine can tell which o
     no-m16-split  the M = 16 K splits across a cluster (``split`` 2: the down projections' rings) dropped
     m16-nopdl     every M = 16 entry kept, with PDL off (batch 8's walks run without PDL and do not scatter;
                   at M = 16 o_proj's walk and the down rings launch with PDL)
+    m16-ties      every entry kept, plus the M = 16 cells of Llama-3.1-8B and Qwen3-8B that stay on cuBLAS because
+                  their kernels only tie it alone (gate_up and the heads), each on its fastest correct candidate in
+                  the committed wgmma-walk runs: does our down_proj run faster after our gate_up than after
+                  cuBLAS's (docs/perf.md, "The kernel before it")? `--only m16-ties` builds just that one.
 
 Each folder is OUTDIR/NAME/sm_90a (cubins and manifest, `skinny-gemm build --plan`), used through
 $SKINNY_GEMM_ARTIFACTS; OUTDIR/NAME.json is its plan. On the H200, after `vllm_h200.sh install`:
@@ -29,28 +33,55 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# name -> (entries dropped, entries whose PDL is turned off)
+# name -> (entries dropped, entries whose PDL is turned off, whether the tie cells are added)
 VARIANTS = {
-    "no-m16": (lambda e: e["m"] == 16, lambda e: False),
-    "no-m16-walks": (lambda e: e["m"] == 16 and e["config"].get("persist", 0) > 0, lambda e: False),
-    "no-m16-split": (lambda e: e["m"] == 16 and e["config"].get("split", 1) > 1, lambda e: False),
-    "m16-nopdl": (lambda e: False, lambda e: e["m"] == 16 and e["config"].get("pdl", False)),
+    "no-m16": (lambda e: e["m"] == 16, lambda e: False, False),
+    "no-m16-walks": (lambda e: e["m"] == 16 and e["config"].get("persist", 0) > 0, lambda e: False, False),
+    "no-m16-split": (lambda e: e["m"] == 16 and e["config"].get("split", 1) > 1, lambda e: False, False),
+    "m16-nopdl": (lambda e: False, lambda e: e["m"] == 16 and e["config"].get("pdl", False), False),
+    "m16-ties": (lambda e: False, lambda e: False, True),
 }
+TIE_RUNS = ("llama-3.1-8b-tp1-m16-wgmma-walk", "qwen3-8b-tp1-m16-wgmma-walk")
+
+
+def tie_entries(plan: dict) -> list[dict]:
+    """Plan entries for the M = 16 cells of TIE_RUNS that the plan leaves on cuBLAS: each cell's fastest correct
+    candidate in that run, with its alone timing as provenance."""
+    planned = {(e["n"], e["k"], e["m"]) for e in plan["entries"]}
+    out = []
+    for run in TIE_RUNS:
+        data = json.loads((ROOT / f"kernels/plans/tuning/sm_90a/tune-sm_90a-h200-{run}.json").read_text())
+        for row in data["cells"]:
+            if (row["n"], row["k"], row["m"]) in planned:
+                continue
+            timed = [(c["us"], c["config"]) for c in row["candidates"].values() if c["bad_elements"] == 0 and c["us"]]
+            us, config = min(timed, key=lambda t: t[0])
+            prov = {"kind": "measured", "gpu": data["gpu"], "date": data["date"], "method": data["method"],
+                    "cublas_us": round(row["cublas_us"], 3), "plan_us": round(us, 3),
+                    "speedup": round(row["cublas_us"] / us, 3), "chosen_in": "A/B variant m16-ties"}
+            out.append({"n": row["n"], "k": row["k"], "m": row["m"], "config": config, "provenance": prov})
+            planned.add((row["n"], row["k"], row["m"]))
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
     p.add_argument("--python", default=sys.executable, help="the interpreter with cutlass (the build compiles)")
+    p.add_argument("--only", choices=sorted(VARIANTS), action="append", help="build only these variants")
     args = p.parse_args(argv)
     plan = json.loads((ROOT / "kernels/plans/sm_90a.json").read_text())
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, (drop, nopdl) in VARIANTS.items():
+    for name, (drop, nopdl, ties) in VARIANTS.items():
+        if args.only and name not in args.only:
+            continue
         kept = [
             {**e, "config": {**e["config"], "pdl": False}} if nopdl(e) else e for e in plan["entries"] if not drop(e)
         ]
-        gone = sorted(f"{e['n']}x{e['k']} M={e['m']}" for e in plan["entries"] if drop(e) or nopdl(e))
-        what = "dropped" if name.startswith("no-") else "PDL off"
+        added = tie_entries(plan) if ties else []
+        kept = sorted(kept + added, key=lambda e: (e["n"], e["k"], e["m"]))
+        gone = sorted(f"{e['n']}x{e['k']} M={e['m']}" for e in (added or [e for e in plan["entries"] if drop(e) or nopdl(e)]))
+        what = "added" if ties else "dropped" if name.startswith("no-") else "PDL off"
         header = {**plan["header"], "source": plan["header"]["source"] + f"; A/B variant {name}, {what}: " + ", ".join(gone)}
         path = args.out / f"{name}.json"
         path.write_text(json.dumps({"header": header, "entries": kept}, indent=1, sort_keys=True) + "\n")

@@ -15,7 +15,8 @@
 #                          $OUT/sweep.tgz (a call brings back 8 files at most), after the bundle's new-path GPU
 #                          tests (every new kernel path against float64).
 #                          A step that fails is reported, the next one still runs, and the exit status is 1.
-# TEST_TIMEOUT (default 300 s) bounds the new-path tests and FOLDER_TIMEOUT (default none) each folder's measure.
+# DECODE_MIN_SPEEDUP (default 1.05, the plan's rule) admits near-ties to measure's decode phase (e.g. 0.97: cells whose
+# kernels only tie cuBLAS alone are tried in the step). TEST_TIMEOUT (default 300 s) bounds the new-path tests and FOLDER_TIMEOUT (default none) each folder's measure.
 # TILES (default 1,2,4,8) and MIN_CTAS (default 0; e.g. 2,3,4 adds the launch-bound twins, perf.md Next 0) pass
 # through to sliced_candidates.py; SPACE=NAME takes a candidate space's configs instead (space_candidates.py:
 # SPACE=walk, the mma walk); RUN (default sliced-sweep) names measure's result files,
@@ -126,7 +127,7 @@ EOF
       name=${cells##*/cells-}
       echo "== $name ($(date +%T))"
       if ! PYTHONPATH=$site timeout -k 10 "${FOLDER_TIMEOUT:-0}" python3 -m skinny_gemm tune measure "$cells" \
-        --results "$OUT/tune-sm_90a-h200-$name-${RUN:-sliced-sweep}.json" --decode-top 8 --decode-passes 2 \
+        --results "$OUT/tune-sm_90a-h200-$name-${RUN:-sliced-sweep}.json" --decode-top 8 --decode-passes 2 --decode-min-speedup "${DECODE_MIN_SPEEDUP:-1.05}" \
         >"$OUT/tune-$name.log" 2>&1; then
         echo "== $name FAILED (its log: tune-$name.log)"
         failed=1

@@ -324,3 +324,72 @@ def test_a_reverted_confirm_without_the_passes_choice_is_one_error(tmp_path):
     src.write_text(json.dumps({"arch": "sm_90a", "gpu": "g", "date": "d", "method": "m", "cells": [row]}))
     with pytest.raises(ValueError, match="passes_chosen"):
         read_results(src)
+
+
+def test_near_ties_enter_the_step_only_when_admitted_and_are_planned_where_it_keeps_them(monkeypatch, tmp_path):
+    """(128, 64)'s kernel ties cuBLAS alone (10.0 against 10.1 us: under the plan's 1.05x), but in the step it makes
+    the other cell's kernel faster after it (as Llama-3.1-8B's gate_up before down at M = 16 is suspected to on the
+    H200). At the default threshold the tie cell never enters the step and stays on cuBLAS; at 0.97 it does, the step
+    picks it, the confirm step keeps it against the fallback (that cell on cuBLAS), and `tune write` plans it under
+    1.05x. The control: where it helps nothing, the confirm step does not keep it and the cell stays on cuBLAS."""
+    import torch
+
+    rows, steps, _ = _valid_cells()
+    a_cfg = rows[0]["candidates"]["a1"]["config"]
+    rows[0]["cublas_us"] = 10.1
+    rows[0]["candidates"] = {"a1": {**cand(10.0), "config": a_cfg}}
+    helps = {"x1": 10.0}  # what x1 saves per call in a step that runs a1
+
+    def cost(names):
+        base = {"a1": 50.0, "cublas": 50.0, "x1": 40.0, "y1": 45.0}
+        return sum(base[n] - (helps.get(n, 0.0) if "a1" in names else 0.0) for n in names)
+
+    lib = fake_step(monkeypatch, cost)
+
+    def run(**kw):
+        for row in rows:
+            row.pop("decode", None)
+        decode_phase.decode_phase(lib, rows, steps, torch.device("cpu"), top=12, trials=2, progress=False, **kw)
+        src = tmp_path / "results.json"
+        data = {"arch": "sm_90a", "gpu": "test GPU", "date": "2026-12-04", "method": "synthetic", "cells": rows}
+        if "min_speedup" in kw:  # as `tune measure --decode-min-speedup` records it
+            data["decode_min_speedup"] = kw["min_speedup"]
+        src.write_text(json.dumps(data))
+        write_plan(src, out=tmp_path / "plan.json")
+        return {(e.n, e.k): e for e in plans.load(tmp_path / "plan.json")[1]}
+
+    assert set(run()) == {(64, 64)} and "decode" not in rows[0], "the tie cell was not admitted to the step"
+    planned = run(min_speedup=0.97)
+    assert rows[0]["decode"]["chosen"] == "a1" and rows[0]["decode"]["confirm"]["kept"] is True
+    # TP4, first pass: a1 twice with x1 helped (2 x 50 + 30) against cuBLAS twice with x1 unhelped (2 x 50 + 40)
+    assert rows[0]["decode"]["step_us"] == {"a1": {"4": 130.0}, "cublas": {"4": 140.0}}
+    assert set(planned) == {(128, 64), (64, 64)}
+    entry = planned[(128, 64)]
+    assert entry.config.to_json() == a_cfg and entry.provenance["chosen_in"] == "decode step"
+    assert entry.provenance["speedup"] == 1.01
+    # the same results without the run's floor (a run that admitted nothing under 1.05x): not planned
+    data = json.loads((tmp_path / "results.json").read_text())
+    del data["decode_min_speedup"]
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    write_plan(tmp_path / "results.json", out=tmp_path / "plan.json")
+    assert {(e.n, e.k) for e in plans.load(tmp_path / "plan.json")[1]} == {(64, 64)}
+    helps.clear()  # a1 ties cuBLAS in the step too
+    planned = run(min_speedup=0.97)
+    assert rows[0]["decode"]["chosen"] == "cublas" or rows[0]["decode"]["confirm"]["kept"] is False
+    assert set(planned) == {(64, 64)}
+
+
+def test_measure_cli_takes_a_positive_decode_floor_and_results_files_check_it(capsys, tmp_path):
+    from skinny_gemm.aot import cli
+    from skinny_gemm.aot.results import read_results
+
+    with pytest.raises(SystemExit):
+        cli.main(["tune", "measure", str(tmp_path), "--results", str(tmp_path / "r.json"), "--decode-min-speedup", "0"])
+    assert "--decode-min-speedup: 0.0 is not > 0" in capsys.readouterr().err
+    src = tmp_path / "results.json"
+    base = {"arch": "sm_90a", "gpu": "g", "date": "2026-12-04", "method": "m", "cells": []}
+    src.write_text(json.dumps({**base, "decode_min_speedup": 0.97}))
+    assert read_results(src)["decode_min_speedup"] == 0.97
+    src.write_text(json.dumps({**base, "decode_min_speedup": "0.97"}))
+    with pytest.raises(ValueError, match=r"results.json: field 'decode_min_speedup' is .*must be a positive number"):
+        read_results(src)
