@@ -16,6 +16,9 @@ does not scatter. Each variant drops one suspect, so the engine can tell which o
                   their kernels only tie it alone (gate_up and the heads), each on its fastest correct candidate in
                   the committed wgmma-walk runs: does our down_proj run faster after our gate_up than after
                   cuBLAS's (docs/perf.md, "The kernel before it")? `--only m16-ties` builds just that one.
+    ties-run      the plan `tune write` gives with the two near-tie runs (--decode-min-speedup 0.97, runs.json's
+                  not_used) after the committed runs: exactly the decode choices their confirm steps kept (Llama's
+                  M = 16 cells including gate_up and the head; Qwen3-8B's head), which no engine has run yet.
 
 Each folder is OUTDIR/NAME/sm_90a (cubins and manifest, `skinny-gemm build --plan`), used through
 $SKINNY_GEMM_ARTIFACTS; OUTDIR/NAME.json is its plan. On the H200, after `vllm_h200.sh install`:
@@ -40,7 +43,23 @@ VARIANTS = {
     "no-m16-split": (lambda e: e["m"] == 16 and e["config"].get("split", 1) > 1, lambda e: False, False),
     "m16-nopdl": (lambda e: False, lambda e: e["m"] == 16 and e["config"].get("pdl", False), False),
     "m16-ties": (lambda e: False, lambda e: False, True),
+    "ties-run": (lambda e: False, lambda e: False, False),
 }
+TIES_RUN_FILES = ("tune-sm_90a-h200-llama-3.1-8b-tp1-m16-ties.json", "tune-sm_90a-h200-qwen3-8b-tp1-m16-ties.json")
+
+
+def ties_run_plan(scratch: Path) -> dict:
+    """The plan `tune write` makes of runs.json's runs followed by TIES_RUN_FILES."""
+    sys.path.insert(0, str(ROOT / "aot"))
+    import source_tree
+
+    source_tree.register(run_init=False)
+    from skinny_gemm.aot.results import results_files, write_plan
+
+    tuning = ROOT / "kernels/plans/tuning/sm_90a"
+    files = results_files([], tuning / "runs.json") + [tuning / name for name in TIES_RUN_FILES]
+    path, _, _ = write_plan(files, out=scratch / "ties-run-written.json")
+    return json.loads(path.read_text())
 TIE_RUNS = ("llama-3.1-8b-tp1-m16-wgmma-walk", "qwen3-8b-tp1-m16-wgmma-walk")
 
 
@@ -74,6 +93,17 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, (drop, nopdl, ties) in VARIANTS.items():
         if args.only and name not in args.only:
+            continue
+        if name == "ties-run":
+            written = ties_run_plan(args.out)
+            before = {(e["n"], e["k"], e["m"]): e["config"] for e in plan["entries"]}
+            changed = [e for e in written["entries"] if before.get((e["n"], e["k"], e["m"])) != e["config"]]
+            path = args.out / f"{name}.json"
+            path.write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
+            print(f"{name}: {len(changed)} entries new or changed ("
+                  + ", ".join(sorted(f"{e['n']}x{e['k']} M={e['m']}" for e in changed)) + ")", flush=True)
+            cmd = [args.python, str(ROOT / "aot/source_tree.py"), "build", "--arch", "sm_90a", "--plan", str(path)]
+            subprocess.run(cmd + ["--out", str(args.out / name), "--quiet"], check=True)
             continue
         kept = [
             {**e, "config": {**e["config"], "pdl": False}} if nopdl(e) else e for e in plan["entries"] if not drop(e)

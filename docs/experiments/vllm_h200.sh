@@ -5,7 +5,10 @@
 #   vllm_h200.sh test [FILE...]         the GPU tests that need vLLM (a real engine) and the routed forward; FILE
 #                                       (e.g. gpu/test_vllm_engine_gpu.py) runs one of them; the engine file alone
 #                                       printed nothing in 330 s on 2026-12-03 (after a bench in that call: several
-#                                       engines with compile), so give it a call of its own (timeout 590)
+#                                       engines with compile), so give it a call of its own (timeout 590); in one
+#                                       call of its own on 2026-12-04 its compiled arms' three tests passed and the
+#                                       eager arms did not finish in 560 s, so run it as two calls, PYTEST_K=compiled
+#                                       then PYTEST_K=eager (PYTEST_K passes to pytest -k)
 #   vllm_h200.sh bench MODEL [ARGS...]  skinny-gemm bench --sections vllm for MODEL, results under $OUT/vllm-MODEL
 #                                       (vllm-MODEL-$TAG with TAG set; $SKINNY_GEMM_ARTIFACTS passes to the engines)
 set -euo pipefail
@@ -23,7 +26,8 @@ case "$1" in
     files=("$@")
     [ ${#files[@]} -gt 0 ] || files=(gpu/test_vllm_engine_gpu.py gpu/test_vllm_forward_gpu.py)
     rm -rf /tmp/t && cp -r tests /tmp/t
-    (cd /tmp/t && python3 -m pytest "${files[@]}" -q -p no:cacheprovider -rA 2>&1 | tee -a "$OUT/gpu-tests-vllm.log") ;;
+    (cd /tmp/t && python3 -m pytest "${files[@]}" ${PYTEST_K:+-k "$PYTEST_K"} -q -p no:cacheprovider -rA 2>&1 \
+      | tee -a "$OUT/gpu-tests-vllm.log") ;;
   bench)
     model=$2; shift 2
     name=vllm-$model${TAG:+-$TAG}  # TAG: a second bench of the model in one call (e.g. an A/B artifact folder)
