@@ -171,16 +171,23 @@ def engine_main(spec_path: str) -> None:
     for batch in spec["batches"]:  # warm-up: first calls of every size
         run(batch, 1 + spec["decode_tokens"] // 4)
     result["counters_after_warm_up"] = sg.counters(reset=True) if sg else None
+    gc_pauses = GcPauses()
     for batch in spec["batches"]:
-        samples = []
+        samples, generates = [], []
         for rep in range(spec["reps"]):
             if rep % 2 == 0:  # alternate the order, so a drift within the process weighs on both alike
                 short, long = run(batch, 1), run(batch, 1 + spec["decode_tokens"])
             else:
                 long, short = run(batch, 1 + spec["decode_tokens"]), run(batch, 1)
             samples.append((long - short) / spec["decode_tokens"] * 1e3)
-        result["tpot_ms"][str(batch)] = {"median": statistics.median(samples), "samples": samples}
+            generates.append([short * 1e3, long * 1e3])
+        result["tpot_ms"][str(batch)] = {
+            "median": statistics.median(samples),
+            "samples": samples,
+            "generate_ms": generates,
+        }
         print(f"  {spec['arm']} batch {batch}: TPOT {statistics.median(samples):.3f} ms", flush=True)
+    result["gc_timed"] = gc_pauses.stop()
     result["counters_timed"] = sg.counters(reset=True) if sg else None
     if spec["profile"]:
         top = max(spec["batches"])
@@ -189,6 +196,46 @@ def engine_main(spec_path: str) -> None:
         )
     result["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     Path(spec["out"]).write_text(json.dumps(result, indent=1, sort_keys=True))
+
+
+class GcPauses:
+    """Python's garbage collections while it is installed (gc.callbacks), per generation: how many and how long.
+
+    A TPOT sample is (the generate of 1 + D tokens - the generate of 1 token) / D, so one pause of 20-40 ms in
+    either generate moves a sample by 0.3-0.6 ms at D = 64 (up or down); the plugin-on engines' samples scatter
+    that way at batch 16 on the H200 and the off engines' do not (docs/perf.md). This says whether collections
+    line up with that."""
+
+    def __init__(self):
+        import gc
+
+        self._gc = gc
+        self._start = None
+        self.counts = {0: 0, 1: 0, 2: 0}
+        self.total_ms = {0: 0.0, 1: 0.0, 2: 0.0}
+        self.slowest_ms = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            ms = (time.perf_counter() - self._start) * 1e3
+            gen = info.get("generation", 2)
+            self.counts[gen] = self.counts.get(gen, 0) + 1
+            self.total_ms[gen] = self.total_ms.get(gen, 0.0) + ms
+            self.slowest_ms = max(self.slowest_ms, ms)
+            self._start = None
+
+    def stop(self) -> dict:
+        """Uninstall; {"collections": {gen: n}, "total_ms": {gen: ms}, "slowest_ms": ms} (generations as strings)."""
+        if self._on in self._gc.callbacks:
+            self._gc.callbacks.remove(self._on)
+        return {
+            "collections": {str(g): n for g, n in sorted(self.counts.items())},
+            "total_ms": {str(g): round(ms, 3) for g, ms in sorted(self.total_ms.items())},
+            "slowest_ms": round(self.slowest_ms, 3),
+        }
 
 
 def _skinny_gemm():
@@ -382,6 +429,29 @@ def markdown(data: dict) -> str:
             if str(top) in a.get("tpot_ms", {})
         )
     )
+    timed = [a for a in data["arms"] if a.get("tpot_ms", {}).get(str(top), {}).get("generate_ms")]
+    if timed:
+        lines.append(
+            f"Generates behind them (ms, 1 token / 1 + {data['decode_tokens']} tokens), per engine: "
+            + "; ".join(
+                f"{a['arm']} " + " ".join(f"{s:.1f}/{lg:.1f}" for s, lg in a["tpot_ms"][str(top)]["generate_ms"])
+                for a in timed
+            )
+        )
+    gcs = [a for a in data["arms"] if a.get("gc_timed")]
+    if gcs:
+        lines.append(
+            "Python GC during the timed runs (collections of generation 0/1/2, their total ms, the slowest), per "
+            "engine: "
+            + "; ".join(
+                f"{a['arm']} "
+                + "/".join(str(a["gc_timed"]["collections"].get(g, 0)) for g in "012")
+                + ", "
+                + "/".join(f"{a['gc_timed']['total_ms'].get(g, 0.0):.1f}" for g in "012")
+                + f" ms, slowest {a['gc_timed']['slowest_ms']:.1f}"
+                for a in gcs
+            )
+        )
     return "\n".join(lines)
 
 

