@@ -112,7 +112,7 @@ def read_results(path) -> dict:
     for key in ("gpu", "date", "method"):
         f.text(f.get(data, key), f"field {key!r}")
     floor = data.get("decode_min_speedup", MIN_SPEEDUP)
-    if type(floor) not in (int, float) or not floor > 0:
+    if type(floor) not in (int, float) or not 0 < floor < float("inf"):
         f.fail("field 'decode_min_speedup'", floor, "a positive number")
     for i, row in enumerate(f.lst(f.get(data, "cells"), "field 'cells'")):
         place = f"cells[{i}]"
@@ -172,15 +172,17 @@ def _check_confirm(f: Fields, place: str, decode: dict) -> None:
         )
 
 
-def _step_won(data: dict, row: dict, chosen, kept: bool) -> bool:
-    """Whether a cell's decode choice is a correct kernel that its run admitted to the step below the plan's
-    speedup (`tune measure --decode-min-speedup`: ``decode_min_speedup`` in the results file), picked there over
-    cuBLAS and kept by the confirm step: the step then plans it under ``MIN_SPEEDUP`` alone, as far down as the
-    run admitted (a run without that field admitted nothing below the plan's rule)."""
+def _step_won(data: dict, row: dict, chosen, kept: bool, min_speedup: float) -> bool:
+    """Whether a cell's decode choice is planned under ``min_speedup`` alone: a correct kernel that its run admitted
+    to the step below the plan's speedup (`tune measure --decode-min-speedup`, ``decode_min_speedup`` in the results
+    file), picked there over cuBLAS and kept by a timed confirm step, at or above that floor. A run without the
+    field admitted nothing under the plan's rule, so ``min_speedup`` stays its floor (the rule before near-ties)."""
     cand = row["candidates"].get(chosen) if chosen not in (None, CUBLAS) else None
     if not (kept and cand and cand["bad_elements"] == 0 and cand["us"]):
         return False
-    return row["cublas_us"] / cand["us"] >= data.get("decode_min_speedup", MIN_SPEEDUP)
+    if not row.get("decode", {}).get("confirm", {}).get("step_us"):  # no confirm step timed it against cuBLAS
+        return False
+    return row["cublas_us"] / cand["us"] >= min(min_speedup, data.get("decode_min_speedup", min_speedup))
 
 
 def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = None) -> tuple[Path, int, int]:
@@ -192,11 +194,12 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
     if not merged:
         raise ValueError(f"no measured cells in {results}: nothing to write")
     arch = merged[0][0]["arch"]
-    entries, skipped, in_step = [], 0, 0
+    entries, skipped, in_step, near = [], 0, 0, 0
     for data, row in merged:
         winners = isolated_winners(row, min_speedup)
         chosen, kept = step_choice(row)
-        won = _step_won(data, row, chosen, kept)
+        won = chosen not in winners and _step_won(data, row, chosen, kept, min_speedup)
+        near += won
         if chosen == CUBLAS or not (winners or won):
             skipped += 1
             in_step += bool(winners)
@@ -225,6 +228,7 @@ def write_plan(results, min_speedup: float = MIN_SPEEDUP, out: Path | None = Non
         "dtype": "bfloat16",
         "source": f"skinny-gemm tune on {', '.join(f'{g}, {day}' for g, day in runs)}; "
         f"cells under {min_speedup}x stay on cuBLAS"
+        + (f" but near-ties the served decode step chose and confirmed: {near}" if near else "")
         + (f"; cells whose served decode step chose cuBLAS stay on it: {in_step}" if in_step else ""),
     }
     path = plans.plan_target(arch, out)

@@ -31,6 +31,7 @@ that to 1017 us (H200, GLM-5.3-Flash).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -197,8 +198,8 @@ def add_arguments(p) -> None:
 def _positive(text: str) -> float:
     """argparse type: a float > 0."""
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{value} is not > 0")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{value} is not a finite number > 0")
     return value
 
 

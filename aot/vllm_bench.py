@@ -171,23 +171,29 @@ def engine_main(spec_path: str) -> None:
     for batch in spec["batches"]:  # warm-up: first calls of every size
         run(batch, 1 + spec["decode_tokens"] // 4)
     result["counters_after_warm_up"] = sg.counters(reset=True) if sg else None
+
+    def timed_runs() -> None:
+        for batch in spec["batches"]:
+            samples, generates = [], []
+            for rep in range(spec["reps"]):
+                if rep % 2 == 0:  # alternate the order, so a drift within the process weighs on both alike
+                    short, long = run(batch, 1), run(batch, 1 + spec["decode_tokens"])
+                else:
+                    long, short = run(batch, 1 + spec["decode_tokens"]), run(batch, 1)
+                samples.append((long - short) / spec["decode_tokens"] * 1e3)
+                generates.append([short * 1e3, long * 1e3])
+            result["tpot_ms"][str(batch)] = {
+                "median": statistics.median(samples),
+                "samples": samples,
+                "generate_ms": generates,
+            }
+            print(f"  {spec['arm']} batch {batch}: TPOT {statistics.median(samples):.3f} ms", flush=True)
+
     gc_pauses = GcPauses()
-    for batch in spec["batches"]:
-        samples, generates = [], []
-        for rep in range(spec["reps"]):
-            if rep % 2 == 0:  # alternate the order, so a drift within the process weighs on both alike
-                short, long = run(batch, 1), run(batch, 1 + spec["decode_tokens"])
-            else:
-                long, short = run(batch, 1 + spec["decode_tokens"]), run(batch, 1)
-            samples.append((long - short) / spec["decode_tokens"] * 1e3)
-            generates.append([short * 1e3, long * 1e3])
-        result["tpot_ms"][str(batch)] = {
-            "median": statistics.median(samples),
-            "samples": samples,
-            "generate_ms": generates,
-        }
-        print(f"  {spec['arm']} batch {batch}: TPOT {statistics.median(samples):.3f} ms", flush=True)
-    result["gc_timed"] = gc_pauses.stop()
+    try:
+        timed_runs()
+    finally:
+        result["gc_timed"] = gc_pauses.stop()
     result["counters_timed"] = sg.counters(reset=True) if sg else None
     if spec["profile"]:
         top = max(spec["batches"])

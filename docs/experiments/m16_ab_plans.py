@@ -60,6 +60,8 @@ def ties_run_plan(scratch: Path) -> dict:
     files = results_files([], tuning / "runs.json") + [tuning / name for name in TIES_RUN_FILES]
     path, _, _ = write_plan(files, out=scratch / "ties-run-written.json")
     return json.loads(path.read_text())
+
+
 TIE_RUNS = ("llama-3.1-8b-tp1-m16-wgmma-walk", "qwen3-8b-tp1-m16-wgmma-walk")
 
 

@@ -367,6 +367,17 @@ def test_near_ties_enter_the_step_only_when_admitted_and_are_planned_where_it_ke
     entry = planned[(128, 64)]
     assert entry.config.to_json() == a_cfg and entry.provenance["chosen_in"] == "decode step"
     assert entry.provenance["speedup"] == 1.01
+    # a stricter write (--min-speedup 1.2) does not plan a near-tie under it unless the run admitted it: it did here
+    write_plan(tmp_path / "results.json", min_speedup=1.2, out=tmp_path / "plan.json")
+    header, entries = plans.load(tmp_path / "plan.json")
+    assert (128, 64) in {(e.n, e.k) for e in entries}
+    assert "near-ties the served decode step chose and confirmed: 1" in header["source"]
+    # without a timed confirm step (--confirm-trials 0) the passes' one timing does not plan a near-tie
+    data = json.loads((tmp_path / "results.json").read_text())
+    untimed = {**data, "cells": [{**c, "decode": {**c["decode"], "confirm": {}}} for c in data["cells"]]}
+    (tmp_path / "untimed.json").write_text(json.dumps(untimed))
+    write_plan(tmp_path / "untimed.json", out=tmp_path / "plan.json")
+    assert {(e.n, e.k) for e in plans.load(tmp_path / "plan.json")[1]} == {(64, 64)}
     # the same results without the run's floor (a run that admitted nothing under 1.05x): not planned
     data = json.loads((tmp_path / "results.json").read_text())
     del data["decode_min_speedup"]
@@ -385,7 +396,7 @@ def test_measure_cli_takes_a_positive_decode_floor_and_results_files_check_it(ca
 
     with pytest.raises(SystemExit):
         cli.main(["tune", "measure", str(tmp_path), "--results", str(tmp_path / "r.json"), "--decode-min-speedup", "0"])
-    assert "--decode-min-speedup: 0.0 is not > 0" in capsys.readouterr().err
+    assert "--decode-min-speedup: 0.0 is not a finite number > 0" in capsys.readouterr().err
     src = tmp_path / "results.json"
     base = {"arch": "sm_90a", "gpu": "g", "date": "2026-12-04", "method": "m", "cells": []}
     src.write_text(json.dumps({**base, "decode_min_speedup": 0.97}))

@@ -148,7 +148,9 @@ def test_gc_pauses_count_real_collections_and_the_report_shows_them_with_the_gen
     gc.collect(0)
     gc.collect(2)
     stats = pauses.stop()
-    gc.collect(2)  # not counted: stopped
+    counted = dict(pauses.counts)
+    gc.collect(2)
+    assert pauses.counts == counted, "a stopped GcPauses counts nothing more"
     assert stats["collections"]["0"] >= 1 and stats["collections"]["2"] >= 1
     assert stats["total_ms"]["2"] >= 0.0 and stats["slowest_ms"] >= stats["total_ms"]["2"] / stats["collections"]["2"]
     assert vllm_bench.GcPauses().stop()["collections"] == {"0": 0, "1": 0, "2": 0}, "nothing collected: nothing counted"
