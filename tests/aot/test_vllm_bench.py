@@ -93,6 +93,12 @@ def _arm(arm, tpot):
     return {"arm": arm, "init_s": 10.0, "tpot_ms": {str(b): {"median": t, "samples": [t]} for b, t in tpot.items()}}
 
 
+def _report(arms, batch=16) -> str:
+    """The markdown report of ``arms`` at one batch size (prompt and decode of 64 tokens)."""
+    data = {"model": "m", "eager": False, "prompt_len": 64, "decode_tokens": 64, "arms": arms, "batches": [batch]}
+    return vllm_bench.markdown({**data, "rows": vllm_bench.summarize(arms, [batch])})
+
+
 def test_summary_takes_the_median_of_alternating_arms_and_the_change():
     arms = [
         _arm("off", {1: 5.0}),
@@ -124,16 +130,7 @@ def test_profile_table_counts_ours_and_other_gemms_and_ranks_kernels_by_time():
     busy = vllm_bench.busy_per_step(launches + [("decode_step", 6400.0)], launches, 64)
     assert busy == {"gpu_busy_us_per_step": 100.0}
     arms[1]["profile"] = {"batch": 16, "steps": 64, **table, **busy}
-    data = {
-        "model": "m",
-        "eager": False,
-        "prompt_len": 64,
-        "decode_tokens": 64,
-        "arms": arms,
-        "batches": [16],
-        "rows": vllm_bench.summarize(arms, [16]),
-    }
-    text = vllm_bench.markdown(data)
+    text = _report(arms)
     assert "skinny_mma_walk x3 62 / 12.0 / 40.0" in text
     assert "GPU busy per decode step (kernels summed): 100 us, against this engine's TPOT of 4700 us" in text
     assert "per engine in run order: off 5.20; on 4.70; on 5.50; off 5.00" in text
@@ -161,16 +158,7 @@ def test_gc_pauses_count_real_collections_and_the_report_shows_them_with_the_gen
         "total_ms": {"0": 1.0, "1": 0.5, "2": 30.0},
         "slowest_ms": 30.0,
     }
-    data = {
-        "model": "m",
-        "eager": False,
-        "prompt_len": 64,
-        "decode_tokens": 64,
-        "arms": arms,
-        "batches": [16],
-        "rows": vllm_bench.summarize(arms, [16]),
-    }
-    text = vllm_bench.markdown(data)
+    text = _report(arms)
     assert "Generates behind them (ms, 1 token / 1 + 64 tokens), per engine: on 80.0/361.6" in text
     assert "per engine: on 12/1/1, 1.0/0.5/30.0 ms, slowest 30.0" in text
 
