@@ -435,6 +435,22 @@ def markdown(data: dict) -> str:
             if str(top) in a.get("tpot_ms", {})
         )
     )
+    pooled = {
+        arm: [
+            x
+            for a in data["arms"]
+            if a["arm"] == arm
+            for x in a.get("tpot_ms", {}).get(str(top), {}).get("samples", [])
+        ]
+        for arm in ("off", "on")
+    }
+    if all(pooled.values()):
+        off, on = (statistics.median(pooled[arm]) for arm in ("off", "on"))
+        lines.append(
+            f"Every sample at batch {top} pooled ({len(pooled['off'])} off, {len(pooled['on'])} on): median "
+            f"{off:.3f} -> {on:.3f} ms ({(on / off - 1) * 100:+.1f}%); a stall in one generate moves one sample, "
+            "and the pooled median weighs it as one sample of all"
+        )
     timed = [a for a in data["arms"] if a.get("tpot_ms", {}).get(str(top), {}).get("generate_ms")]
     if timed:
         lines.append(

@@ -134,6 +134,10 @@ def test_profile_table_counts_ours_and_other_gemms_and_ranks_kernels_by_time():
     assert "skinny_mma_walk x3 62 / 12.0 / 40.0" in text
     assert "GPU busy per decode step (kernels summed): 100 us, against this engine's TPOT of 4700 us" in text
     assert "per engine in run order: off 5.20; on 4.70; on 5.50; off 5.00" in text
+    # the pooled samples' medians: off (5.0, 5.2) -> 5.1, on (4.7, 5.5) -> 5.1
+    assert "Every sample at batch 16 pooled (2 off, 2 on): median 5.100 -> 5.100 ms (+0.0%)" in text
+    arms[2]["tpot_ms"]["16"]["samples"] = [4.6, 4.8, 6.0]
+    assert "pooled (2 off, 4 on): median 5.100 -> 4.750 ms (-6.9%)" in _report(arms)
 
 
 def test_gc_pauses_count_real_collections_and_the_report_shows_them_with_the_generates():
