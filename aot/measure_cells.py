@@ -98,9 +98,9 @@ def measure(
         f"median of {trials} trials",
         "cells": out_rows,
     }
-    if in_step and decode_min_speedup != MIN_SPEEDUP:
-        data["decode_min_speedup"] = decode_min_speedup  # tune write plans the step's picks down to it
     if in_step:
+        if decode_min_speedup != MIN_SPEEDUP:
+            data["decode_min_speedup"] = decode_min_speedup  # tune write plans the step's picks down to it
         data["decode_method"] = (
             f"per cell, its {decode_top} fastest isolated winners (>= {decode_min_speedup}x) and their no-PDL twins "
             "(PDL on and off compete in every cell), and cuBLAS itself (a cell choosing it gets no plan entry), "

@@ -172,7 +172,8 @@ def engine_main(spec_path: str) -> None:
         run(batch, 1 + spec["decode_tokens"] // 4)
     result["counters_after_warm_up"] = sg.counters(reset=True) if sg else None
 
-    def timed_runs() -> None:
+    gc_pauses = GcPauses()
+    try:
         for batch in spec["batches"]:
             samples, generates = [], []
             for rep in range(spec["reps"]):
@@ -188,10 +189,6 @@ def engine_main(spec_path: str) -> None:
                 "generate_ms": generates,
             }
             print(f"  {spec['arm']} batch {batch}: TPOT {statistics.median(samples):.3f} ms", flush=True)
-
-    gc_pauses = GcPauses()
-    try:
-        timed_runs()
     finally:
         result["gc_timed"] = gc_pauses.stop()
     result["counters_timed"] = sg.counters(reset=True) if sg else None

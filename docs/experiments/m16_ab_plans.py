@@ -85,6 +85,29 @@ def tie_entries(plan: dict) -> list[dict]:
     return out
 
 
+def _cells(entries) -> list[str]:
+    return sorted(f"{e['n']}x{e['k']} M={e['m']}" for e in entries)
+
+
+def _edited(plan: dict, name: str, drop, nopdl, ties: bool) -> tuple[dict, list[str], str]:
+    """The committed plan with the variant's entries dropped, PDL turned off or tie cells added; (plan, cells, what)."""
+    kept = [{**e, "config": {**e["config"], "pdl": False}} if nopdl(e) else e for e in plan["entries"] if not drop(e)]
+    added = tie_entries(plan) if ties else []
+    cells = _cells(added or [e for e in plan["entries"] if drop(e) or nopdl(e)])
+    what = "added" if ties else "dropped" if name.startswith("no-") else "PDL off"
+    header = {**plan["header"], "source": plan["header"]["source"] + f"; A/B variant {name}, {what}: " + ", ".join(cells)}
+    entries = sorted(kept + added, key=lambda e: (e["n"], e["k"], e["m"]))
+    return {"header": header, "entries": entries}, cells, what
+
+
+def _ties_run(plan: dict, scratch: Path) -> tuple[dict, list[str], str]:
+    """`ties_run_plan` and the entries it adds or changes against the committed plan; (plan, cells, what)."""
+    written = ties_run_plan(scratch)
+    before = {(e["n"], e["k"], e["m"]): e["config"] for e in plan["entries"]}
+    changed = [e for e in written["entries"] if before.get((e["n"], e["k"], e["m"])) != e["config"]]
+    return written, _cells(changed), "new or changed"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)
@@ -97,27 +120,12 @@ def main(argv=None) -> int:
         if args.only and name not in args.only:
             continue
         if name == "ties-run":
-            written = ties_run_plan(args.out)
-            before = {(e["n"], e["k"], e["m"]): e["config"] for e in plan["entries"]}
-            changed = [e for e in written["entries"] if before.get((e["n"], e["k"], e["m"])) != e["config"]]
-            path = args.out / f"{name}.json"
-            path.write_text(json.dumps(written, indent=1, sort_keys=True) + "\n")
-            print(f"{name}: {len(changed)} entries new or changed ("
-                  + ", ".join(sorted(f"{e['n']}x{e['k']} M={e['m']}" for e in changed)) + ")", flush=True)
-            cmd = [args.python, str(ROOT / "aot/source_tree.py"), "build", "--arch", "sm_90a", "--plan", str(path)]
-            subprocess.run(cmd + ["--out", str(args.out / name), "--quiet"], check=True)
-            continue
-        kept = [
-            {**e, "config": {**e["config"], "pdl": False}} if nopdl(e) else e for e in plan["entries"] if not drop(e)
-        ]
-        added = tie_entries(plan) if ties else []
-        kept = sorted(kept + added, key=lambda e: (e["n"], e["k"], e["m"]))
-        gone = sorted(f"{e['n']}x{e['k']} M={e['m']}" for e in (added or [e for e in plan["entries"] if drop(e) or nopdl(e)]))
-        what = "added" if ties else "dropped" if name.startswith("no-") else "PDL off"
-        header = {**plan["header"], "source": plan["header"]["source"] + f"; A/B variant {name}, {what}: " + ", ".join(gone)}
+            variant, cells, what = _ties_run(plan, args.out)
+        else:
+            variant, cells, what = _edited(plan, name, drop, nopdl, ties)
         path = args.out / f"{name}.json"
-        path.write_text(json.dumps({"header": header, "entries": kept}, indent=1, sort_keys=True) + "\n")
-        print(f"{name}: {len(gone)} entries {what} ({', '.join(gone)})", flush=True)
+        path.write_text(json.dumps(variant, indent=1, sort_keys=True) + "\n")
+        print(f"{name}: {len(cells)} entries {what} ({', '.join(cells)})", flush=True)
         cmd = [args.python, str(ROOT / "aot/source_tree.py"), "build", "--arch", "sm_90a", "--plan", str(path)]
         subprocess.run(cmd + ["--out", str(args.out / name), "--quiet"], check=True)
     return 0
