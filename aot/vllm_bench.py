@@ -173,6 +173,7 @@ def engine_main(spec_path: str) -> None:
     result["counters_after_warm_up"] = sg.counters(reset=True) if sg else None
 
     gc_pauses = GcPauses()
+    allocator = allocator_counts(torch)
     try:
         for batch in spec["batches"]:
             samples, generates = [], []
@@ -191,6 +192,8 @@ def engine_main(spec_path: str) -> None:
             print(f"  {spec['arm']} batch {batch}: TPOT {statistics.median(samples):.3f} ms", flush=True)
     finally:
         result["gc_timed"] = gc_pauses.stop()
+        after = allocator_counts(torch)
+        result["allocator_timed"] = None if after is None else {k: after[k] - allocator[k] for k in after}
     result["counters_timed"] = sg.counters(reset=True) if sg else None
     if spec["profile"]:
         top = max(spec["batches"])
@@ -199,6 +202,19 @@ def engine_main(spec_path: str) -> None:
         )
     result["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     Path(spec["out"]).write_text(json.dumps(result, indent=1, sort_keys=True))
+
+
+# The CUDA caching allocator's counters that can stall a generate: device mallocs and frees, and retries (an
+# allocation that failed, freed the cached blocks after synchronizing the device, and tried again).
+ALLOCATOR_COUNTS = ("num_device_alloc", "num_device_free", "num_alloc_retries")
+
+
+def allocator_counts(torch) -> dict | None:
+    """ALLOCATOR_COUNTS of the current CUDA device's caching allocator, or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTS}
 
 
 class GcPauses:
@@ -480,6 +496,15 @@ def markdown(data: dict) -> str:
                 + "/".join(f"{a['gc_timed']['total_ms'].get(g, 0.0):.1f}" for g in "012")
                 + f" ms, slowest {a['gc_timed']['slowest_ms']:.1f}"
                 for a in gcs
+            )
+        )
+    allocs = [a for a in data["arms"] if a.get("allocator_timed")]
+    if allocs:
+        lines.append(
+            "CUDA caching allocator during the timed runs (device mallocs / frees / retries after freeing the cache), "
+            "per engine: "
+            + "; ".join(
+                f"{a['arm']} " + "/".join(str(a["allocator_timed"][k]) for k in ALLOCATOR_COUNTS) for a in allocs
             )
         )
     return "\n".join(lines)

