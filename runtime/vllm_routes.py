@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import api
+from . import api, counters
 
 # The per-layer record; RoutedApply reads it on every call.
 LAYER_ATTR = "_skinny_gemm"
@@ -82,8 +82,14 @@ class RoutedApply:
                 # picks plan or F.linear at run time, as vLLM's own path
                 # (F.linear on CUDA) would compute.
                 return torch.ops.skinny_gemm_vllm.routed_linear(x, layer.weight.detach(), bias)
-            if x.numel() // match.k in match.ms:
+            m = x.numel() // match.k
+            if m in match.ms:
                 return api.linear(x, layer.weight.detach(), bias)
+            # Counted as the compiled route's op counts it (no plan entry for this M), once vLLM's path has run:
+            # the summary then accounts for every call of a routed layer, eager or compiled.
+            y = self.original(layer, x, bias)
+            counters.FALLBACKS[(match.n, match.k, m, counters.NOT_PLANNED)] += 1
+            return y
         return self.original(layer, x, bias)
 
 

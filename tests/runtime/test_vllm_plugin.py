@@ -160,6 +160,22 @@ def test_routed_apply_compiles_to_one_graph_for_every_token_count(fresh_calls):
     assert counters.snapshot()["fallbacks"] == [[64, 32, 3, "not planned", 1], [64, 32, 5, "not planned", 1]]
 
 
+def test_eager_route_counts_unplanned_m_as_the_compiled_route_does(fresh_calls):
+    """A routed layer's M without a plan runs vLLM's own path eagerly, and counts as "not planned" as the compiled
+    route's op counts it (the test above); vLLM's error is no fallback, and other dtypes are not the route's."""
+    layer, method = _layer(64, 32, ms=(2,))
+    for m in (2, 3, 5, 3):
+        x = torch.randn(m, 32).bfloat16()
+        torch.testing.assert_close(method.apply(layer, x), F.linear(x, layer.weight), rtol=0, atol=0)
+    assert fresh_calls() == {(64, 32, 2): 1}
+    assert counters.snapshot()["fallbacks"] == [[64, 32, 3, "not planned", 2], [64, 32, 5, "not planned", 1]]
+    with pytest.raises(RuntimeError):
+        method.apply(layer, torch.randn(5, 31).bfloat16())  # M = 4 by the route's count; F.linear refuses K = 31
+    with pytest.raises(RuntimeError, match="dtype"):
+        method.apply(layer, torch.randn(3, 32).half())
+    assert counters.snapshot()["fallbacks"] == [[64, 32, 3, "not planned", 2], [64, 32, 5, "not planned", 1]]
+
+
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
 def test_switch(monkeypatch, value, on):
     if value is None:
