@@ -511,6 +511,31 @@ def markdown(data: dict) -> str:
                         f"{n[:60]} x{c} {t:.0f} / {med:.1f} / {mx:.1f}" for n, c, t, med, mx in p["time_us"][:5]
                     )
                 )
+    lines += _sample_lines(data)
+    lines += _per_engine(
+        data["arms"],
+        "gc_timed",
+        "Python GC during the timed runs (collections of generation 0/1/2, their total ms, the slowest)",
+        lambda g: (
+            "/".join(str(g["collections"].get(x, 0)) for x in "012")
+            + ", "
+            + "/".join(f"{g['total_ms'].get(x, 0.0):.1f}" for x in "012")
+            + f" ms, slowest {g['slowest_ms']:.1f}"
+        ),
+    )
+    lines += _per_engine(
+        data["arms"],
+        "allocator_timed",
+        "CUDA caching allocator during the timed runs (device mallocs / frees / retries after freeing the cache)",
+        lambda c: "/".join(str(c[k]) for k in ALLOCATOR_COUNTS),
+    )
+    return "\n".join(lines)
+
+
+def _sample_lines(data: dict) -> list[str]:
+    """The report's lines on the samples at the largest batch: each engine's, pooled, the generates behind them, the
+    prefill, and the engine steps; what tells a decode step's cost from a stall in one generate."""
+    lines = []
     top = max(data["batches"])
     lines.append(
         f"TPOT samples at batch {top} (ms), per engine in run order: "
@@ -520,15 +545,7 @@ def markdown(data: dict) -> str:
             if str(top) in a.get("tpot_ms", {})
         )
     )
-    pooled = {
-        arm: [
-            x
-            for a in data["arms"]
-            if a["arm"] == arm
-            for x in a.get("tpot_ms", {}).get(str(top), {}).get("samples", [])
-        ]
-        for arm in ("off", "on")
-    }
+    pooled = _pooled(data["arms"], top, lambda t: t.get("samples", []))
     if all(pooled.values()):
         off, on = (statistics.median(pooled[arm]) for arm in ("off", "on"))
         lines.append(
@@ -545,10 +562,7 @@ def markdown(data: dict) -> str:
                 for a in timed
             )
         )
-        first = {
-            arm: [g[0] for a in timed if a["arm"] == arm for g in a["tpot_ms"][str(top)]["generate_ms"]]
-            for arm in ("off", "on")
-        }
+        first = _pooled(data["arms"], top, lambda t: [g[0] for g in t.get("generate_ms", [])])
         if all(first.values()):
             off, on = (statistics.median(first[arm]) for arm in ("off", "on"))
             lines.append(
@@ -571,30 +585,21 @@ def markdown(data: dict) -> str:
             f"{off_first:.1f} -> {on_first:.1f} ms; per engine decode / first: "
             + "; ".join(f"{arm} {x[1]:.3f} / {x[0]:.1f}" for arm, x in per)
         )
-    gcs = [a for a in data["arms"] if a.get("gc_timed")]
-    if gcs:
-        lines.append(
-            "Python GC during the timed runs (collections of generation 0/1/2, their total ms, the slowest), per "
-            "engine: "
-            + "; ".join(
-                f"{a['arm']} "
-                + "/".join(str(a["gc_timed"]["collections"].get(g, 0)) for g in "012")
-                + ", "
-                + "/".join(f"{a['gc_timed']['total_ms'].get(g, 0.0):.1f}" for g in "012")
-                + f" ms, slowest {a['gc_timed']['slowest_ms']:.1f}"
-                for a in gcs
-            )
-        )
-    allocs = [a for a in data["arms"] if a.get("allocator_timed")]
-    if allocs:
-        lines.append(
-            "CUDA caching allocator during the timed runs (device mallocs / frees / retries after freeing the cache), "
-            "per engine: "
-            + "; ".join(
-                f"{a['arm']} " + "/".join(str(a["allocator_timed"][k]) for k in ALLOCATOR_COUNTS) for a in allocs
-            )
-        )
-    return "\n".join(lines)
+    return lines
+
+
+def _per_engine(arms: list[dict], key: str, title: str, fmt) -> list[str]:
+    """One report line: ``title``, then ``fmt`` of each engine's ``key`` in run order (engines without it left out)."""
+    have = [a for a in arms if a.get(key)]
+    return [f"{title}, per engine: " + "; ".join(f"{a['arm']} {fmt(a[key])}" for a in have)] if have else []
+
+
+def _pooled(arms: list[dict], top: int, pick) -> dict:
+    """Per arm ("off", "on"): ``pick`` of each engine's results at batch ``top`` (its tpot_ms entry), pooled."""
+    return {
+        arm: [x for a in arms if a["arm"] == arm for x in pick(a.get("tpot_ms", {}).get(str(top), {}))]
+        for arm in ("off", "on")
+    }
 
 
 def plot(data: dict, path: Path) -> bool:
