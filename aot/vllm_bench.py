@@ -12,9 +12,9 @@ profiler see the model's own calls. In each process:
   (``--prompt-len``), so every decode step runs M = B tokens; TPOT =
   (time of B requests x (1 + D) tokens - time of B requests x 1 token) / D,
   D = ``--decode-tokens``, the median of ``--reps``;
-- each engine step's wall time in the long generates (the first step is the
-  prefill, the next D the decode steps: a stall in a prefill moves a TPOT
-  sample, not the decode steps' median), the Python collections and the CUDA
+- each engine step's wall time in the long generates (the first step carries
+  the prefill, the later ones the decode steps: a stall in a prefill moves a
+  TPOT sample, not the decode steps' median), the Python collections and the CUDA
   caching allocator's mallocs, frees and retries during the timed runs;
 - the plugin's counters after warm-up and after the timed runs
   (skinny_gemm.counters: launches and fallbacks per (N, K, M));
@@ -204,8 +204,15 @@ def engine_main(spec_path: str) -> None:
             print(f"  {spec['arm']} batch {batch}: TPOT {statistics.median(samples):.3f} ms", flush=True)
     finally:
         result["gc_timed"] = gc_pauses.stop()
-        after = allocator_counts(torch)
-        result["allocator_timed"] = None if after is None else {k: after[k] - allocator[k] for k in after}
+        try:
+            after = allocator_counts(torch)
+        except Exception:  # noqa: BLE001  (a broken CUDA context must not hide the timed runs' own error)
+            after = None
+        result["allocator_timed"] = (
+            None
+            if after is None or allocator is None
+            else {k: after[k] - allocator[k] for k in after if k in allocator}
+        )
     result["counters_timed"] = sg.counters(reset=True) if sg else None
     if spec["profile"]:
         top = max(spec["batches"])
@@ -216,13 +223,19 @@ def engine_main(spec_path: str) -> None:
     Path(spec["out"]).write_text(json.dumps(result, indent=1, sort_keys=True))
 
 
+_NONE = object()  # no instance attribute to restore
+
+
 class StepTimes:
-    """Wall time of each engine step (``LLMEngine.step``, which the offline ``generate`` loops over) while entered:
-    in a generate of 1 + D tokens the first step is the prefill (and the first token) and the next D the decode
-    steps, so their times say what a TPOT sample, a difference of two generates, cannot: which steps were slow."""
+    """Wall time of each engine step (``LLMEngine.step``, which the offline ``generate`` loops over) while entered.
+    In a generate of 1 + D tokens the first step carries the prefill (with vLLM's async scheduling it may only
+    launch it) and the steps after it the decode steps, so their times say what a TPOT sample, a difference of two
+    generates, cannot: which steps were slow. The engine's own ``step`` (an instance attribute included) is back
+    after."""
 
     def __init__(self, engine):
         self._engine = engine
+        self._saved = None
         self.last_ms: list[float] = []
 
     def __enter__(self):
@@ -230,6 +243,8 @@ class StepTimes:
         step = getattr(self._engine, "step", None)
         if step is None:  # an engine without the method: no step times (the report then leaves its line out)
             return self
+        # what the instance itself holds (usually nothing: the class's method), put back on exit
+        self._saved = (vars(self._engine).get("step", _NONE),) if hasattr(self._engine, "__dict__") else None
 
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
@@ -242,8 +257,12 @@ class StepTimes:
         return self
 
     def __exit__(self, *exc):
-        if "step" in getattr(self._engine, "__dict__", {}):
-            del self._engine.step  # the instance attribute: the class's step again
+        if self._saved is not None:
+            (before,), self._saved = self._saved, None
+            if before is _NONE:
+                del self._engine.step  # the class's step again
+            else:
+                self._engine.step = before
         return False
 
 
@@ -264,7 +283,7 @@ def allocator_counts(torch) -> dict | None:
     if not torch.cuda.is_available():
         return None
     stats = torch.cuda.memory_stats()
-    return {k: int(stats.get(k, 0)) for k in ALLOCATOR_COUNTS}
+    return {k: int(stats[k]) for k in ALLOCATOR_COUNTS if k in stats}  # a counter this torch lacks: left out
 
 
 class GcPauses:
@@ -341,7 +360,9 @@ def _profile(long, short, steps: int, batch: int) -> dict:
 def prefill_busy(short: list, wall_s: float) -> dict:
     """The 1-token generate (the prefill) under the profiler: its kernels' summed time and count against its wall
     time. Busy near the wall: the prefill is the GPU's work, and a slower one on an arm is more GPU work (more or
-    slower kernels); busy far under it: the GPU waited (the CPU launching, a synchronizing allocation)."""
+    slower kernels); busy far under it: the GPU waited (the CPU launching, a synchronizing allocation). The profiler
+    adds host time per op, more on an arm with more ops, so the busy time is also to be read against the unprofiled
+    1-token generates of the timed runs."""
     return {
         "prefill_busy_ms": round(sum(us for _, us in short) / 1e3, 2),
         "prefill_wall_ms": round(wall_s * 1e3, 2),
@@ -502,7 +523,7 @@ def markdown(data: dict) -> str:
             if p.get("prefill_wall_ms") is not None:
                 lines.append(
                     f"  prefill (the 1-token generate): GPU busy {p['prefill_busy_ms']:.1f} of {p['prefill_wall_ms']:.1f} "
-                    f"ms wall, {p['prefill_kernels']} kernels"
+                    f"ms wall under the profiler, {p['prefill_kernels']} kernels"
                 )
             if p.get("time_us"):
                 lines.append(
@@ -527,7 +548,7 @@ def markdown(data: dict) -> str:
         data["arms"],
         "allocator_timed",
         "CUDA caching allocator during the timed runs (device mallocs / frees / retries after freeing the cache)",
-        lambda c: "/".join(str(c[k]) for k in ALLOCATOR_COUNTS),
+        lambda c: "/".join(str(c.get(k, "-")) for k in ALLOCATOR_COUNTS),
     )
     return "\n".join(lines)
 
@@ -566,8 +587,8 @@ def _sample_lines(data: dict) -> list[str]:
         if all(first.values()):
             off, on = (statistics.median(first[arm]) for arm in ("off", "on"))
             lines.append(
-                f"Prefill at batch {top} (the 1-token generate: {top} x {data['prompt_len']} prompt tokens, outside the "
-                f"CUDA graphs), median of every sample: {off:.1f} -> {on:.1f} ms ({(on / off - 1) * 100:+.1f}%), "
+                f"Prefill at batch {top} (the 1-token generate: {top} x {data['prompt_len']} prompt tokens, "
+                f"{'eager' if data['eager'] else 'outside the CUDA graphs'}), median of every sample: {off:.1f} -> {on:.1f} ms ({(on / off - 1) * 100:+.1f}%), "
                 f"slowest {max(first['off']):.1f} / {max(first['on']):.1f} ms"
             )
     per = [
@@ -581,7 +602,7 @@ def _sample_lines(data: dict) -> list[str]:
         )
         lines.append(
             f"Engine steps of the long generates at batch {top} (median per engine, then over engines): decode step "
-            f"{off_step:.3f} -> {on_step:.3f} ms ({(on_step / off_step - 1) * 100:+.1f}%), first step (prefill) "
+            f"{off_step:.3f} -> {on_step:.3f} ms ({(on_step / off_step - 1) * 100:+.1f}%), first step "
             f"{off_first:.1f} -> {on_first:.1f} ms; per engine decode / first: "
             + "; ".join(f"{arm} {x[1]:.3f} / {x[0]:.1f}" for arm, x in per)
         )

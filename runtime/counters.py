@@ -1,7 +1,9 @@
 """What really ran: launches of our kernels and fallbacks to F.linear with their reason, per (N, K, M).
 
 The dispatch path (runtime/ops.py) counts every eager decision: a launch
-handed to the driver, or a fallback and why. A launch recorded into a CUDA
+handed to the driver, or a fallback and why; the vLLM route
+(runtime/vllm_routes.py) counts the M it hands to vLLM's own apply as
+"not planned". A launch recorded into a CUDA
 graph is counted once, when captured: replays of the graph run no host code.
 A call's key is (N, K, M) of the weight and tokens; a call whose arguments
 have no such shape (not a matrix weight) counts under (0, 0, 0).

@@ -5,7 +5,8 @@ plans for its GPU and vLLM's own claims on it; ``install_route`` records the
 decision on the layer and, where it routes, puts a ``RoutedApply`` in front of
 its quant method's ``apply``. That forward sends planned M to
 ``skinny_gemm.linear``, whose dispatch counts what launched and what fell back
-(runtime/counters.py; the summary line reads those counts).
+(runtime/counters.py; the summary line reads those counts), and counts the
+other M, which it hands to vLLM's own apply, as "not planned".
 
 Everything that touches vLLM is imported inside the functions that need it, so
 this module and the forward it installs import without vLLM: the GPU tests run
@@ -86,7 +87,8 @@ class RoutedApply:
             if m in match.ms:
                 return api.linear(x, layer.weight.detach(), bias)
             # Counted as the compiled route's op counts it (no plan entry for this M), once vLLM's path has run:
-            # the summary then accounts for every call of a routed layer, eager or compiled.
+            # the counters (skinny_gemm.counters(), $SKINNY_GEMM_COUNTERS) then hold every call of a routed layer,
+            # eager or compiled; the summary line reads only the planned M's.
             y = self.original(layer, x, bias)
             counters.FALLBACKS[(match.n, match.k, m, counters.NOT_PLANNED)] += 1
             return y
