@@ -235,7 +235,8 @@ class StepTimes:
 
     def __init__(self, engine):
         self._engine = engine
-        self._saved = None
+        self._wrapped = False
+        self._before = _NONE
         self.last_ms: list[float] = []
 
     def __enter__(self):
@@ -244,7 +245,7 @@ class StepTimes:
         if step is None:  # an engine without the method: no step times (the report then leaves its line out)
             return self
         # what the instance itself holds (usually nothing: the class's method), put back on exit
-        self._saved = (vars(self._engine).get("step", _NONE),) if hasattr(self._engine, "__dict__") else None
+        self._before = vars(self._engine).get("step", _NONE)
 
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
@@ -254,15 +255,16 @@ class StepTimes:
                 times.append(round((time.perf_counter() - t0) * 1e3, 3))
 
         self._engine.step = timed
+        self._wrapped = True
         return self
 
     def __exit__(self, *exc):
-        if self._saved is not None:
-            (before,), self._saved = self._saved, None
-            if before is _NONE:
+        if self._wrapped:
+            self._wrapped = False
+            if self._before is _NONE:
                 del self._engine.step  # the class's step again
             else:
-                self._engine.step = before
+                self._engine.step = self._before
         return False
 
 
@@ -588,8 +590,8 @@ def _sample_lines(data: dict) -> list[str]:
             off, on = (statistics.median(first[arm]) for arm in ("off", "on"))
             lines.append(
                 f"Prefill at batch {top} (the 1-token generate: {top} x {data['prompt_len']} prompt tokens, "
-                f"{'eager' if data['eager'] else 'outside the CUDA graphs'}), median of every sample: {off:.1f} -> {on:.1f} ms ({(on / off - 1) * 100:+.1f}%), "
-                f"slowest {max(first['off']):.1f} / {max(first['on']):.1f} ms"
+                f"{'eager' if data['eager'] else 'outside the CUDA graphs'}), median of every sample: "
+                f"{off:.1f} -> {on:.1f} ms ({(on / off - 1) * 100:+.1f}%), slowest {max(first['off']):.1f} / {max(first['on']):.1f} ms"
             )
     per = [
         (a["arm"], step_summary(a["tpot_ms"][str(top)].get("step_ms", [])))
