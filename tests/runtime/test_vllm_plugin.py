@@ -160,6 +160,34 @@ def test_routed_apply_compiles_to_one_graph_for_every_token_count(fresh_calls):
     assert counters.snapshot()["fallbacks"] == [[64, 32, 3, "not planned", 1], [64, 32, 5, "not planned", 1]]
 
 
+def test_compiled_route_sends_unplanned_m_straight_to_f_linear(fresh_calls):
+    """Every prefill's M has no plan: the op runs F.linear and counts "not planned", entering no Python wrapper of
+    torch.library (custom_op's made each call some 200 us slower in a real engine on the H200 and the prefill
+    CPU-bound: docs/perf.md) and none of the dispatch's checks; a planned M still goes through the dispatch."""
+    layer, method = _layer(64, 32, ms=(2,))
+    entered = []
+
+    def watch(frame, event, arg):
+        if event == "call":
+            entered.append((Path(frame.f_code.co_filename).as_posix(), frame.f_code.co_name))
+
+    for m in (5, 2):
+        x = torch.randn(m, 32).bfloat16()
+        entered.clear()
+        sys.setprofile(watch)
+        try:
+            y = torch.ops.skinny_gemm_vllm.routed_linear(x, layer.weight, None)
+        finally:
+            sys.setprofile(None)
+        torch.testing.assert_close(y, F.linear(x, layer.weight), rtol=0, atol=0)
+        ours = [name for file, name in entered if "/runtime/" in file and not file.endswith("_test_plans.py")]
+        assert not [f for f, _ in entered if "torch/_library/" in f], "the op's call enters torch.library's Python"
+        if m == 5:
+            assert ours == ["_routed_linear", "fallback"], ours
+    assert fresh_calls() == {(64, 32, 2): 1}
+    assert counters.snapshot()["fallbacks"] == [[64, 32, 5, "not planned", 1]]
+
+
 def test_eager_route_counts_unplanned_m_as_the_compiled_route_does(fresh_calls):
     """A routed layer's M without a plan runs vLLM's own path eagerly, and counts as "not planned" as the compiled
     route's op counts it (the test above); vLLM's error is no fallback, and other dtypes are not the route's."""
