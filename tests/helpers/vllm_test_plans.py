@@ -105,7 +105,6 @@ def _prepare_sabotages(names, vllm_routes) -> None:
 
         routed_linear = vllm_routes._routed_linear
 
-        # Annotated: torch.library reads the op's schema from them.
         def marked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             global _in_compiled_op
             _in_compiled_op = True

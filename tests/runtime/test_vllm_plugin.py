@@ -122,6 +122,7 @@ def fresh_calls(monkeypatch):
     """What the dispatch counted in the test, with the CPU as a GPU whose plans are the test layers' (64, 32) at
     M = 1, 2 and (256, 128), (1024, 128), (384, 128) as in the summary test (helpers/vllm_test_plans.py)."""
     vllm_test_plans.cpu_as_gpu({(64, 32): (1, 2), (256, 128): (1, 2), (1024, 128): (1,), (384, 128): (4,)}, monkeypatch)
+    monkeypatch.setattr(vllm_routes, "_ROUTED_MS", {})  # the layers' planned M, as this test installs them
 
     def launched():
         return {(n, k, m): c for n, k, m, c in counters.snapshot()["launches"]}
@@ -165,27 +166,42 @@ def test_compiled_route_sends_unplanned_m_straight_to_f_linear(fresh_calls):
     torch.library (custom_op's made each call some 200 us slower in a real engine on the H200 and the prefill
     CPU-bound: docs/perf.md) and none of the dispatch's checks; a planned M still goes through the dispatch."""
     layer, method = _layer(64, 32, ms=(2,))
+    bias = torch.randn(64).bfloat16()
+    op = torch.ops.skinny_gemm_vllm.routed_linear.default  # what Inductor's code calls
+    runtime = Path(vllm_routes.__file__).resolve().parent
     entered = []
 
     def watch(frame, event, arg):
         if event == "call":
-            entered.append((Path(frame.f_code.co_filename).as_posix(), frame.f_code.co_name))
+            entered.append((Path(frame.f_code.co_filename).resolve(), frame.f_code.co_name))
 
-    for m in (5, 2):
+    for m, b in ((5, None), (5, bias), (2, None)):
         x = torch.randn(m, 32).bfloat16()
         entered.clear()
+        before = sys.getprofile()
         sys.setprofile(watch)
         try:
-            y = torch.ops.skinny_gemm_vllm.routed_linear(x, layer.weight, None)
+            y = op(x, layer.weight, b)
         finally:
-            sys.setprofile(None)
-        torch.testing.assert_close(y, F.linear(x, layer.weight), rtol=0, atol=0)
-        ours = [name for file, name in entered if "/runtime/" in file and not file.endswith("_test_plans.py")]
-        assert not [f for f, _ in entered if "torch/_library/" in f], "the op's call enters torch.library's Python"
+            sys.setprofile(before)
+        torch.testing.assert_close(y, F.linear(x, layer.weight, b), rtol=0, atol=0)
+        assert not [f for f, _ in entered if "torch/_library" in f.as_posix()], "the op's call enters torch.library"
         if m == 5:
-            assert ours == ["_routed_linear", "fallback"], ours
+            assert [name for f, name in entered if f.parent == runtime] == ["_routed_linear", "fallback"]
     assert fresh_calls() == {(64, 32, 2): 1}
-    assert counters.snapshot()["fallbacks"] == [[64, 32, 5, "not planned", 1]]
+    assert counters.snapshot()["fallbacks"] == [[64, 32, 5, "not planned", 2]]
+
+
+def test_compiled_route_keeps_vllms_path_where_gradients_are_asked_for(fresh_calls):
+    """The op has no autograd formula: a traced call that wants gradients runs vLLM's own path, whose F.linear
+    gives them, and nothing is counted."""
+    layer, method = _layer(64, 32, ms=(2,))
+    compiled = torch.compile(lambda x: method.apply(layer, x), backend="inductor", dynamic=True, fullgraph=True)
+    x = torch.randn(2, 32).bfloat16().requires_grad_()
+    compiled(x).float().sum().backward()
+    assert x.grad is not None
+    torch.testing.assert_close(x.grad, layer.weight.float().sum(0).bfloat16().expand(2, 32), rtol=1e-2, atol=1e-2)
+    assert fresh_calls() == {} and counters.snapshot()["fallbacks"] == []
 
 
 def test_eager_route_counts_unplanned_m_as_the_compiled_route_does(fresh_calls):
