@@ -191,17 +191,43 @@ def main() -> None:
     _shut_down(llm)
 
 
-def _shut_down(llm) -> None:
+# An EngineCore can miss its shutdown SIGTERM: seen twice on a busy 2-core machine, its main thread idle in
+# input_queue.get with the wakeup lost, until a second SIGTERM ended it. Its exit itself takes seconds there, and a
+# SIGTERM during the exit would kill it (the engine restores the default action first), so wait this long first.
+RESIGNAL_AFTER_S = 60.0
+
+
+def _shut_down(llm, resignal_after_s: float = RESIGNAL_AFTER_S) -> None:
     """Stop the engine now, giving its process all the time its exit needs: the counters are written by its exit
     handlers, and vLLM's own teardown at interpreter exit kills an engine process still running after 5 s (on a busy
-    2-core machine it was, and the file was never written)."""
+    2-core machine it was, and the file was never written). An engine process still alive after
+    ``resignal_after_s`` gets SIGTERM again, every ``resignal_after_s``, until vLLM's shutdown returns."""
     import inspect
+    import signal
+    import threading
 
     core = llm.llm_engine.engine_core
-    if "timeout" in inspect.signature(core.shutdown).parameters:
-        core.shutdown(timeout=600)
-    else:
-        core.shutdown()
+    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+    procs = list(getattr(manager, "processes", None) or ())
+    kwargs = {"timeout": 600} if "timeout" in inspect.signature(core.shutdown).parameters else {}
+    raised = []
+
+    def stop() -> None:
+        try:
+            core.shutdown(**kwargs)
+        except BaseException as exc:  # re-raised in the caller's thread
+            raised.append(exc)
+
+    stopper = threading.Thread(target=stop, name="engine-shutdown", daemon=True)
+    stopper.start()
+    stopper.join(resignal_after_s)
+    while stopper.is_alive():
+        for proc in procs:
+            if proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
+        stopper.join(resignal_after_s)
+    if raised:
+        raise raised[0]
 
 
 def _end_now() -> None:
