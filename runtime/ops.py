@@ -3,7 +3,7 @@
 Eager calls go straight to ``run`` (no dispatcher round trip: the host cost of
 one call is the point on short GEMMs); graph capture records that launch like
 any other. Under torch.compile, export or a dispatch mode, calls go through the
-custom op, whose fake runs F.linear on fake tensors, so tracing sees one opaque
+op, whose fake runs F.linear on fake tensors, so tracing sees one opaque
 op with F.linear's output metadata and errors.
 """
 
@@ -292,19 +292,23 @@ def may_dispatch(x, weight, residual=None, bias=None) -> bool:
     return x.device.type == "cuda" and x.dtype == _BF16 and weight.dtype == _BF16 and weight.dim() == 2 and x.dim() > 0
 
 
-@torch.library.custom_op(
-    "skinny_gemm::linear",
-    mutates_args=(),
-    schema="(Tensor x, Tensor weight, Tensor? residual=None, Tensor? bias=None) -> Tensor",
-)
 def linear_op(x, weight, residual=None, bias=None):
     """The opaque op: the same decision and launch as eager (run), made when the traced graph runs."""
     return run(x, weight, residual, bias)
 
 
-@linear_op.register_fake
 def _linear_fake(x, weight, residual=None, bias=None):
     return fallback(x, weight, bias, residual)
+
+
+# Defined through torch.library.Library, as vLLM registers its ops, not torch.library.custom_op: inside a compiled
+# graph on the H200 custom_op's per-call Python wrapper cost 6-17 us more than this (docs/perf.md, "The public op
+# under torch.compile"). CompositeExplicitAutograd: every device, as custom_op registered it; no autograd formula
+# (may_dispatch keeps calls that want gradients out of the op). The op lives as long as this module.
+_LIB = torch.library.Library("skinny_gemm", "DEF")
+_LIB.define("linear(Tensor x, Tensor weight, Tensor? residual=None, Tensor? bias=None) -> Tensor")
+_LIB.impl("linear", linear_op, "CompositeExplicitAutograd")
+torch.library.register_fake("skinny_gemm::linear", _linear_fake, lib=_LIB)
 
 
 def tracing() -> bool:

@@ -89,7 +89,10 @@ class RoutedApply:
                 # a traced call that wants gradients keeps vLLM's path.
                 if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
                     return self.original(layer, x, bias)
-                return torch.ops.skinny_gemm_vllm.routed_linear(x, layer.weight.detach(), bias)
+                # The weight goes in as its transpose, a view: the compiled graph hands a view over as a plain
+                # tensor, where vLLM's Parameter subclass itself entered the op a second time through its
+                # __torch_function__ (the H200 engine's profile: 256 op entries for 128 calls).
+                return torch.ops.skinny_gemm_vllm.routed_linear(x, layer.weight.t(), bias)
             m = x.numel() // match.k
             if m in match.ms:
                 return api.linear(x, layer.weight.detach(), bias)
@@ -102,9 +105,11 @@ class RoutedApply:
         return self.original(layer, x, bias)
 
 
-def _routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The op's body. A token count the layer's plan lacks (every prefill) goes to F.linear at once, counted as the
-    dispatch counts it; planned M go through skinny_gemm.linear, which checks and launches or falls back."""
+def _routed_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The op's body (``weight_t``: the weight's transpose, RoutedApply says why). A token count the layer's plan
+    lacks (every prefill) goes to F.linear at once, counted as the dispatch counts it; planned M go through
+    skinny_gemm.linear, which checks and launches or falls back."""
+    weight = weight_t.t()
     ms = _ROUTED_MS.get((*weight.shape, weight.device))
     if ms is not None and x.numel() // weight.shape[1] not in ms:
         n, k = weight.shape
@@ -114,8 +119,8 @@ def _routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return api.linear(x, weight, bias)
 
 
-def _routed_linear_fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return x.new_empty(x.shape[:-1] + (weight.shape[0],))
+def _routed_linear_fake(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[:-1] + (weight_t.shape[1],))
 
 
 def define_op() -> None:
@@ -131,7 +136,7 @@ def define_op() -> None:
     if _LIB is not None:
         return
     lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
-    lib.define("routed_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+    lib.define("routed_linear(Tensor x, Tensor weight_t, Tensor? bias) -> Tensor")
     for key in ("CUDA", "CPU"):
         lib.impl("routed_linear", _routed_linear, key)
     torch.library.register_fake(f"{OP_NAMESPACE}::routed_linear", _routed_linear_fake, lib=lib)

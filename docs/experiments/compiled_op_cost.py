@@ -4,8 +4,9 @@
 
 One process, no vLLM, no CUDA graphs (Inductor's default mode). A chain of --calls projections x -> linear(x, W_i)
 (4096 x 4096 bf16, distinct weights scaled to keep the chain O(1)) compiled three ways: F.linear, the public
-``skinny_gemm.linear`` (its op ``skinny_gemm::linear`` is a ``torch.library.custom_op``) and the same body
-(``ops.run``) registered through ``torch.library.Library`` as the vLLM route's op is. For each M (1024: no plan
+``skinny_gemm.linear`` (its op ``skinny_gemm::linear``, a ``torch.library.custom_op`` up to 23ce46e and a
+``torch.library.Library`` op since; the header line says which) and the same body (``ops.run``) registered
+through ``torch.library.Library`` in this script. For each M (1024: no plan
 holds it, every call falls back; and the planned M of 4096 x 4096 among 1, 8, 16), per arm: host microseconds per
 call (the compiled function's return, the GPU queue drained before each rep) and wall microseconds per call (return
 plus synchronize), medians over --reps with the arms alternating; the counters say what launched. The outputs of
@@ -54,7 +55,7 @@ def _chains(weights, lib_op):
             x = lib_op(x, w)
         return x
 
-    return {"F.linear": f_linear, "skinny_gemm.linear (custom_op)": f_skinny, "Library op": f_library}
+    return {"F.linear": f_linear, "skinny_gemm.linear": f_skinny, "Library op": f_library}
 
 
 def _time(fn, x, reps_out: dict, name: str):
@@ -83,6 +84,7 @@ def main() -> None:
     import torch
 
     import skinny_gemm
+    from skinny_gemm.runtime import ops
 
     torch.manual_seed(0)
     n = k = 4096
@@ -91,7 +93,11 @@ def main() -> None:
     planned = skinny_gemm.planned_ms(n, k)
     ms = [1024] + [m for m in (1, 8, 16) if m in planned]
     report = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "calls": args.calls, "planned": planned}
-    lines = [f"{report['gpu']}, torch {torch.__version__}, {args.calls} chained {n}x{k} calls, planned M {planned}"]
+    report["public_op"] = "Library" if hasattr(ops, "_LIB") else "custom_op"
+    lines = [
+        f"{report['gpu']}, torch {torch.__version__}, {args.calls} chained {n}x{k} calls, planned M {planned}, "
+        f"skinny_gemm::linear as a {report['public_op']} op"
+    ]
     with torch.inference_mode():
         for m in ms:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

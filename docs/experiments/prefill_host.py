@@ -6,7 +6,7 @@ Part 1, no vLLM: host microseconds per call at M = 1024 (4096 x 4096, bf16, infe
 full) of F.linear, skinny_gemm.linear and the vLLM route's custom op, each also under cProfile (top functions).
 Part 2, one engine per arm (plugin off, on, and with --fix-site DIR on with the skinny-gemm wheel installed in DIR;
 VLLM_ENABLE_V1_MULTIPROCESSING=0): after warm-up, five 1-token
-generates of 16 x 64 prompt tokens timed, then one under cProfile; the top functions by own and cumulative time
+generates of --prompts (16) x 64 prompt tokens timed, then one under cProfile; the top functions by own and cumulative time
 go to OUT/engine-ARM-0.txt. The engines run in subprocesses of this script (one vLLM per process).
 """
 
@@ -105,7 +105,7 @@ def micro(out: Path) -> None:
     (out / "micro.txt").write_text("\n".join(lines) + "\n")
 
 
-def engine(arm: str, model_dir: str, out: Path) -> None:
+def engine(arm: str, model_dir: str, out: Path, n_prompts: int) -> None:
     import torch
     from vllm import LLM, SamplingParams
 
@@ -120,7 +120,7 @@ def engine(arm: str, model_dir: str, out: Path) -> None:
         enable_prefix_caching=False,
         gpu_memory_utilization=0.85,
     )
-    prompts = [{"prompt_token_ids": [(7 + 31 * i + 13 * j) % 990 + 10 for j in range(64)]} for i in range(16)]
+    prompts = [{"prompt_token_ids": [(7 + 31 * i + 13 * j) % 990 + 10 for j in range(64)]} for i in range(n_prompts)]
     params = SamplingParams(temperature=0.0, max_tokens=1, min_tokens=1, ignore_eos=True, detokenize=False)
 
     def gen() -> float:
@@ -132,6 +132,8 @@ def engine(arm: str, model_dir: str, out: Path) -> None:
     from skinny_gemm.runtime import vllm_routes
 
     kind = "Library op, unplanned M first" if hasattr(vllm_routes, "_ROUTED_MS") else "custom_op"
+    if "weight_t" in vllm_routes._routed_linear.__code__.co_varnames:
+        kind += ", the weight as a view"
     where = f"skinny_gemm from {skinny_gemm.__file__}, {kind}"
     for _ in range(3):
         gen()
@@ -141,7 +143,7 @@ def engine(arm: str, model_dir: str, out: Path) -> None:
     profiled = gen()
     prof.disable()
     torch.cuda.synchronize()
-    head = f"{arm} ({where}): 1-token generate at 16 x 64: {[round(w, 1) for w in walls]} ms; under cProfile {profiled:.1f} ms"
+    head = f"{arm} ({where}): 1-token generate at {n_prompts} x 64: {[round(w, 1) for w in walls]} ms; under cProfile {profiled:.1f} ms"
     print(head, flush=True)
     n = len(list(out.glob(f"engine-{arm}*.txt")))
     (out / f"engine-{arm}-{n}.txt").write_text(head + "\n" + _stats(prof, 60))
@@ -153,13 +155,14 @@ def main() -> None:
     ap.add_argument("--model", default="llama-3.1-8b")
     ap.add_argument("--fix-site", help="a folder with a second skinny-gemm wheel installed: a third arm, 'fix'")
     ap.add_argument("--skip-micro", action="store_true")
+    ap.add_argument("--prompts", type=int, default=16, help="prompts of 64 tokens per 1-token generate")
     ap.add_argument("--arm", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.arm:
-        engine(args.arm, args.model_dir, out)
+        engine(args.arm, args.model_dir, out, args.prompts)
         return
     if not args.skip_micro:
         micro(out)
@@ -169,10 +172,25 @@ def main() -> None:
         _, folder = model_config(args.model, Path(tmp) / "model")
         arms = [("off", None), ("on", None)] + ([("fix", args.fix_site)] if args.fix_site else [])
         for arm, site in arms:
-            env = {**os.environ, "SKINNY_GEMM_VLLM": "0" if arm == "off" else "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+            env = {
+                **os.environ,
+                "SKINNY_GEMM_VLLM": "0" if arm == "off" else "1",
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            }
             if site:
                 env["PYTHONPATH"] = f"{site}:{env.get('PYTHONPATH', '')}"
-            cmd = [sys.executable, __file__, "--out", str(out), "--arm", arm, "--model-dir", str(folder)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--out",
+                str(out),
+                "--arm",
+                arm,
+                "--model-dir",
+                str(folder),
+                "--prompts",
+                str(args.prompts),
+            ]
             subprocess.run(cmd, env=env, check=True)
     print(json.dumps(sorted(p.name for p in out.iterdir())))
 

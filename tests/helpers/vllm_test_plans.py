@@ -105,11 +105,11 @@ def _prepare_sabotages(names, vllm_routes) -> None:
 
         routed_linear = vllm_routes._routed_linear
 
-        def marked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        def marked(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
             global _in_compiled_op
             _in_compiled_op = True
             try:
-                return routed_linear(x, weight, bias)
+                return routed_linear(x, weight_t, bias)
             finally:
                 _in_compiled_op = False
 

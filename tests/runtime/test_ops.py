@@ -35,6 +35,32 @@ def test_opcheck():
         torch.library.opcheck(torch.ops.skinny_gemm.linear.default, args)
 
 
+def test_the_op_enters_no_torch_library_python():
+    """The op a compiled graph calls runs its body without torch.library's Python around it: custom_op's wrapper
+    cost 6-17 us a call more on the H200 (docs/perf.md, "The public op under torch.compile"), and vLLM's engine
+    made custom_op's wrapper on the route's op cost some 200 us a call."""
+    import sys
+    from pathlib import Path
+
+    x, w, b = torch.randn(3, 64, dtype=BF16), torch.randn(32, 64, dtype=BF16), torch.randn(32, dtype=BF16)
+    runtime = Path(ops.__file__).resolve().parent
+    entered = []
+
+    def watch(frame, event, arg):
+        if event == "call":
+            entered.append((Path(frame.f_code.co_filename).resolve(), frame.f_code.co_name))
+
+    before = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        y = torch.ops.skinny_gemm.linear.default(x, w, None, b)  # what Inductor's code calls
+    finally:
+        sys.setprofile(before)
+    torch.testing.assert_close(y, F.linear(x, w, b), rtol=0, atol=0)
+    assert not [f for f, _ in entered if "torch/_library" in f.as_posix()], "the op's call enters torch.library"
+    assert [name for f, name in entered if f.parent == runtime][:2] == ["linear_op", "run"]
+
+
 def test_eager_is_not_tracing():
     assert not ops.tracing()
 
