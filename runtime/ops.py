@@ -301,14 +301,36 @@ def _linear_fake(x, weight, residual=None, bias=None):
     return fallback(x, weight, bias, residual)
 
 
-# Defined through torch.library.Library, as vLLM registers its ops, not torch.library.custom_op: inside a compiled
-# graph on the H200 custom_op's per-call Python wrapper cost 6-17 us more than this (docs/perf.md, "The public op
-# under torch.compile"). CompositeExplicitAutograd: every device, as custom_op registered it; no autograd formula
-# (may_dispatch keeps calls that want gradients out of the op). The op lives as long as this module.
-_LIB = torch.library.Library("skinny_gemm", "DEF")
-_LIB.define("linear(Tensor x, Tensor weight, Tensor? residual=None, Tensor? bias=None) -> Tensor")
-_LIB.impl("linear", linear_op, "CompositeExplicitAutograd")
-torch.library.register_fake("skinny_gemm::linear", _linear_fake, lib=_LIB)
+def _no_backward(ctx, grad):
+    raise RuntimeError(
+        "skinny_gemm::linear has no autograd formula: call skinny_gemm.linear, which gives calls that want "
+        "gradients to F.linear"
+    )
+
+
+def _register() -> "torch.library.Library | None":
+    """Define ``skinny_gemm::linear`` through torch.library.Library, as vLLM registers its ops, not
+    torch.library.custom_op: inside a compiled graph on the H200 custom_op's per-call Python wrapper cost 6-17 us
+    more than this (docs/perf.md, "The public op under torch.compile"). CompositeExplicitAutograd: every device, as
+    custom_op registered it. Its backward raises, as custom_op's did without a formula (may_dispatch keeps calls
+    that want gradients out of the op). That autograd kernel is Python, as custom_op's was, and runs on every call
+    outside inference mode; under inference mode (vLLM serves under it) the dispatcher skips it.
+    None where the op exists already."""
+    if hasattr(torch.ops.skinny_gemm, "linear"):
+        return None
+    lib = torch.library.Library("skinny_gemm", "FRAGMENT")
+    lib.define(
+        "linear(Tensor x, Tensor weight, Tensor? residual=None, Tensor? bias=None) -> Tensor",
+        tags=(torch.Tag.pt2_compliant_tag,),
+    )
+    lib.impl("linear", linear_op, "CompositeExplicitAutograd")
+    torch.library.register_fake("skinny_gemm::linear", _linear_fake, lib=lib)
+    torch.library.register_autograd("skinny_gemm::linear", _no_backward, lib=lib)
+    return lib
+
+
+# The op lives as long as this module; a reload keeps the Library it made first (dropping it would drop the op).
+_LIB = globals().get("_LIB") or _register()
 
 
 def tracing() -> bool:

@@ -79,15 +79,16 @@ class RoutedApply:
         match = getattr(layer, LAYER_ATTR, None)
         if match is not None and match.routed and x.dtype == layer.weight.dtype:
             # vLLM's weights are Parameter subclasses (ModelWeightParameter). Eager,
-            # detach() gives a plain tensor without a copy; under Inductor the op
-            # still receives vLLM's class, which the dispatch accepts (ops.storage_kind).
+            # detach() gives a plain tensor without a copy; compiled, a view does (below).
             if torch.compiler.is_compiling():
                 # The token count is symbolic here: branching on it would bake
                 # one size into the graph (vLLM drops the guards). The opaque op
                 # picks plan or F.linear at run time, as vLLM's own path
                 # (F.linear on CUDA) would compute. It has no autograd formula:
                 # a traced call that wants gradients keeps vLLM's path.
-                if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+                if torch.is_grad_enabled() and (
+                    x.requires_grad or layer.weight.requires_grad or (bias is not None and bias.requires_grad)
+                ):
                     return self.original(layer, x, bias)
                 # The weight goes in as its transpose, a view: the compiled graph hands a view over as a plain
                 # tensor, where vLLM's Parameter subclass itself entered the op a second time through its
@@ -133,8 +134,8 @@ def define_op() -> None:
     tensors), as measured there; the op lives as long as ``_LIB``.
     """
     global _LIB
-    if _LIB is not None:
-        return
+    if _LIB is not None or hasattr(getattr(torch.ops, OP_NAMESPACE), "routed_linear"):
+        return  # registered here, or by an earlier import of this module (a reload), whose registration stays
     lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
     lib.define("routed_linear(Tensor x, Tensor weight_t, Tensor? bias) -> Tensor")
     for key in ("CUDA", "CPU"):

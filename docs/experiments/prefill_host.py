@@ -67,7 +67,13 @@ def micro(out: Path) -> None:
         vw = torch.nn.Parameter(w, requires_grad=False)
     if hasattr(vllm_routes, "_ROUTED_MS"):
         vllm_routes._ROUTED_MS[(4096, 4096, w.device)] = frozenset({1, 2, 4, 8, 16})
-    route = torch.ops.skinny_gemm_vllm.routed_linear
+    op = torch.ops.skinny_gemm_vllm.routed_linear
+    # Since 8db1602 the op takes the weight's transpose (its parameter is named weight_t).
+    transposed = "weight_t" in vllm_routes._routed_linear.__code__.co_varnames
+
+    def route(x, w, b):
+        return op(x, w.t() if transposed else w, b)
+
     custom, library, _keep = _exp_ops()
     fns = {
         "F.linear": lambda: F.linear(x, w),

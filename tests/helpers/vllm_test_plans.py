@@ -21,7 +21,8 @@ four things there:
   writes F.linear's result through the output pointer, or that result scaled
   by ``WRONG_SCALE`` for the one weight shape (and token counts) ``set_wrong``
   names (the negative control). Every dispatch check runs as on a GPU, on the tensors
-  vLLM passes (under torch.compile: its parameter class); the dispatch's own
+  vLLM passes (eagerly its weight detached, under torch.compile the weight's transpose
+  transposed back); the dispatch's own
   counters (skinny_gemm.counters) say what launched and what fell back.
 
 ``set_sabotage`` makes the routed path wrong in one of the ways ``SABOTAGES``

@@ -36,9 +36,9 @@ def test_opcheck():
 
 
 def test_the_op_enters_no_torch_library_python():
-    """The op a compiled graph calls runs its body without torch.library's Python around it: custom_op's wrapper
-    cost 6-17 us a call more on the H200 (docs/perf.md, "The public op under torch.compile"), and vLLM's engine
-    made custom_op's wrapper on the route's op cost some 200 us a call."""
+    """Under inference mode the op a compiled graph calls runs its body without torch.library's Python around it:
+    custom_op's wrapper cost 6-17 us a call more there on the H200 (docs/perf.md, "The public op under
+    torch.compile"), and vLLM's engine made custom_op's wrapper on the route's op cost some 200 us a call."""
     import sys
     from pathlib import Path
 
@@ -53,12 +53,26 @@ def test_the_op_enters_no_torch_library_python():
     before = sys.getprofile()
     sys.setprofile(watch)
     try:
-        y = torch.ops.skinny_gemm.linear.default(x, w, None, b)  # what Inductor's code calls
+        with torch.inference_mode():  # as vLLM serves: the op's autograd kernel (torch.library Python) is skipped
+            y = torch.ops.skinny_gemm.linear.default(x, w, None, b)  # what Inductor's code calls
     finally:
         sys.setprofile(before)
     torch.testing.assert_close(y, F.linear(x, w, b), rtol=0, atol=0)
     assert not [f for f, _ in entered if "torch/_library" in f.as_posix()], "the op's call enters torch.library"
     assert [name for f, name in entered if f.parent == runtime][:2] == ["linear_op", "run"]
+
+
+def test_the_op_refuses_a_backward_and_survives_a_reload():
+    """No autograd formula: a backward through the op raises (skinny_gemm.linear gives such calls to F.linear), as
+    custom_op's did; reloading the module keeps the first registration instead of failing the import."""
+    import importlib
+
+    x, w = torch.randn(3, 64, dtype=BF16, requires_grad=True), torch.randn(32, 64, dtype=BF16)
+    y = torch.ops.skinny_gemm.linear(x, w)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        y.float().sum().backward()
+    importlib.reload(ops)
+    torch.testing.assert_close(torch.ops.skinny_gemm.linear(x.detach(), w), F.linear(x.detach(), w), rtol=0, atol=0)
 
 
 def test_eager_is_not_tracing():

@@ -201,6 +201,13 @@ def test_compiled_route_keeps_vllms_path_where_gradients_are_asked_for(fresh_cal
     compiled(x).float().sum().backward()
     assert x.grad is not None
     torch.testing.assert_close(x.grad, layer.weight.float().sum(0).bfloat16().expand(2, 32), rtol=1e-2, atol=1e-2)
+    # The weight alone asking for gradients (x does not).
+    torch._dynamo.reset()
+    layer.weight.requires_grad_()
+    compiled = torch.compile(lambda x: method.apply(layer, x), backend="aot_eager", dynamic=True, fullgraph=True)
+    compiled(torch.ones(2, 32).bfloat16()).float().sum().backward()
+    assert layer.weight.grad is not None, "the weight's gradient was lost"
+    torch.testing.assert_close(layer.weight.grad.float(), torch.full((64, 32), 2.0))
     assert fresh_calls() == {} and counters.snapshot()["fallbacks"] == []
 
 
@@ -314,23 +321,31 @@ class _TorchFunctionParameter(torch.nn.Parameter):
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_compiled_route_launches_on_a_parameter_subclass(fresh_calls, backend):
-    """The op receives a plain tensor: the route passes the weight's transpose, a view, where Inductor handed the
+    """The op is handed a plain tensor: the route passes the weight's transpose, a view, where Inductor handed the
     layer's Parameter subclass itself to the op (detach() is no op to Inductor), and vLLM's engine then entered the
     op twice per call through the class's __torch_function__. The dispatch launches on it (the fake launch of
     helpers/vllm_test_plans.py, reading the raw pointers)."""
     torch._dynamo.reset()
     layer, method = _layer(64, 32, ms=(1, 2))
-    layer.weight = _TorchFunctionParameter(layer.weight.data, requires_grad=False)
-    seen = []
-    real = api.linear
-    api_linear = lambda x, w, b=None, r=None: seen.append(type(w)) or real(x, w, b, r)  # noqa: E731
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(api, "linear", api_linear)
-        compiled = torch.compile(lambda x: method.apply(layer, x), backend=backend, dynamic=True, fullgraph=True)
-        for m in (1, 2, 1):
-            x = torch.randn(m, 32).bfloat16()
-            torch.testing.assert_close(compiled(x), F.linear(x, layer.weight.data), rtol=0, atol=0)
-    assert set(seen) == {torch.Tensor}, "the op was handed the layer's Parameter subclass"
+    w = layer.weight.data
+    layer.weight = _TorchFunctionParameter(w, requires_grad=False)
+    handed = []  # the type of the op body's weight argument, as the compiled graph calls it
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code is vllm_routes._routed_linear.__code__:
+            handed.append(type(frame.f_locals[frame.f_code.co_varnames[1]]))
+
+    compiled = torch.compile(lambda x: method.apply(layer, x), backend=backend, dynamic=True, fullgraph=True)
+    for m in (1, 2, 1):
+        x = torch.randn(m, 32).bfloat16()
+        before = sys.getprofile()
+        sys.setprofile(watch)
+        try:
+            y = compiled(x)
+        finally:
+            sys.setprofile(before)
+        torch.testing.assert_close(y, F.linear(x, w), rtol=0, atol=0)
+    assert handed and set(handed) == {torch.Tensor}, f"the op was handed {set(handed)}"
     assert fresh_calls() == {(64, 32, 1): 2, (64, 32, 2): 1}
     assert counters.snapshot()["fallbacks"] == []
 
