@@ -66,6 +66,8 @@ NOISE = 1e-2
 sabotage = None
 # Set while the routed op that torch.compile's graph calls runs (vllm_routes._routed_linear).
 _in_compiled_op = False
+# The class names of the weight argument that the compiled graph handed the routed op's body.
+_handed = set()
 
 
 def register():
@@ -85,6 +87,19 @@ def register():
     vllm_routes.planned_ms = lambda n, k, device=None: table.get((n, k), ())
     cpu_as_gpu(table, biased={(n, k) for n, k, ms, *bias in entries if bias and bias[0]})
     _prepare_sabotages([name for name, controls in json.loads(os.environ.get(ENV_SABOTAGES, "[]"))], vllm_routes)
+    _record_handed(vllm_routes)
+
+
+def _record_handed(vllm_routes) -> None:
+    """Record the class of the weight argument of every call of the routed op's body (report's "op_weights").
+    Replaced before the first route registers the op (define_op), so the compiled graph calls this one."""
+    routed_linear = vllm_routes._routed_linear
+
+    def recorded(x, weight_t, bias):
+        _handed.add(type(weight_t).__name__)
+        return routed_linear(x, weight_t, bias)
+
+    vllm_routes._routed_linear = recorded
 
 
 def _prepare_sabotages(names, vllm_routes) -> None:
@@ -281,6 +296,7 @@ def report(model):
         "matches": {},
         "counters": {"launches": [], "fallbacks": []},
         "summary": None,
+        "op_weights": sorted(_handed),
     }
     if "skinny_gemm.runtime.vllm_plugin" in sys.modules:
         import skinny_gemm
