@@ -315,8 +315,15 @@ def _register() -> "torch.library.Library | None":
     custom_op registered it. Its backward raises, as custom_op's did without a formula (may_dispatch keeps calls
     that want gradients out of the op). That autograd kernel is Python, as custom_op's was, and runs on every call
     outside inference mode; under inference mode (vLLM serves under it) the dispatcher skips it.
-    None where the op exists already."""
+    None where the op exists already: registered by another import of this module (its entries removed from
+    sys.modules and imported again), whose code then runs the op's calls; that is warned."""
     if hasattr(torch.ops.skinny_gemm, "linear"):
+        warnings.warn(
+            "skinny_gemm: skinny_gemm::linear is registered by another import of skinny_gemm; traced calls run "
+            "that import's code",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     lib = torch.library.Library("skinny_gemm", "FRAGMENT")
     lib.define(

@@ -16,6 +16,7 @@ that forward on machines without vLLM.
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -38,8 +39,8 @@ planned_ms = api.planned_ms
 
 # (n, k, device) of a routed layer's weight -> its planned M: the op's first test (_routed_linear).
 _ROUTED_MS: dict = {}
-# The torch.library.Library holding the op (define_op); the op goes when it goes.
-_LIB = None
+# The torch.library.Library holding the op (define_op); the op goes when it goes, so a reload keeps it.
+_LIB = globals().get("_LIB")
 
 # Attributes by which vLLM's own low-latency GEMMs claim a layer inside its forward,
 # bypassing quant_method.apply (DeepSeekV2FusedQkvAProjLinear's dsv3_fused_a_gemm).
@@ -134,8 +135,18 @@ def define_op() -> None:
     tensors), as measured there; the op lives as long as ``_LIB``.
     """
     global _LIB
-    if _LIB is not None or hasattr(getattr(torch.ops, OP_NAMESPACE), "routed_linear"):
-        return  # registered here, or by an earlier import of this module (a reload), whose registration stays
+    if _LIB is not None:
+        return
+    if hasattr(getattr(torch.ops, OP_NAMESPACE), "routed_linear"):
+        # Another copy of this module (imported again after its entries left sys.modules) holds the op; its body,
+        # not this module's, runs the compiled graphs' calls.
+        warnings.warn(
+            f"skinny_gemm: {OP_NAMESPACE}::routed_linear is registered by another import of skinny_gemm; "
+            "compiled routes call that import's code",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return
     lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
     lib.define("routed_linear(Tensor x, Tensor weight_t, Tensor? bias) -> Tensor")
     for key in ("CUDA", "CPU"):

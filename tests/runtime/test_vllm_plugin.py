@@ -192,6 +192,28 @@ def test_compiled_route_sends_unplanned_m_straight_to_f_linear(fresh_calls):
     assert counters.snapshot()["fallbacks"] == [[64, 32, 5, "not planned", 2]]
 
 
+def test_the_ops_survive_a_reload_of_their_modules():
+    """Each op lives as long as its Library: a reload of its module keeps it (dropping the Library would drop the op
+    under the compiled graphs that call it). In a process of its own: a reload re-creates the module's classes."""
+    source_tree = Path(__file__).resolve().parents[2] / "aot" / "source_tree.py"
+    code = (
+        "import importlib, importlib.util, sys, warnings\n"
+        f"spec = importlib.util.spec_from_file_location('st', {str(source_tree)!r})\n"
+        "st = importlib.util.module_from_spec(spec); spec.loader.exec_module(st); st.register()\n"
+        "warnings.simplefilter('error')\n"
+        "import torch, torch.nn.functional as F\n"
+        "from skinny_gemm.runtime import ops, vllm_routes\n"
+        "vllm_routes.define_op()\n"
+        "importlib.reload(ops); importlib.reload(vllm_routes)\n"
+        "x, w = torch.randn(3, 32).bfloat16(), torch.randn(64, 32).bfloat16()\n"
+        "assert torch.equal(torch.ops.skinny_gemm.linear(x, w), F.linear(x, w))\n"
+        "assert torch.equal(torch.ops.skinny_gemm_vllm.routed_linear(x, w.t(), None), F.linear(x, w))\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
 def test_compiled_route_keeps_vllms_path_where_gradients_are_asked_for(fresh_calls):
     """The op has no autograd formula: a traced call that wants gradients runs vLLM's own path, whose F.linear
     gives them, and nothing is counted."""
@@ -833,8 +855,9 @@ def _tolerance(name: str) -> float:
 
 
 def check_every_planned_layer_launches_at_every_planned_m(runs, run):
-    """Counted by the dispatch itself after its every check: under torch.compile vLLM hands the op its own
-    parameter class (ModelWeightParameter), which a dispatch accepting only plain tensors refuses (0 launches)."""
+    """Counted by the dispatch itself after its every check: under torch.compile vLLM handed the op its own
+    parameter class (ModelWeightParameter), which a dispatch accepting only plain tensors refused (0 launches); the
+    route now passes the weight's transpose (test_compiled_engine_hands_the_op_a_plain_tensor)."""
     worker = _worker(runs[run])
     assert set(worker["matches"]) == set(PLANNED_LAYERS)
     for name, (cls, n, k) in PLANNED_LAYERS.items():
@@ -1048,7 +1071,9 @@ def test_compiled_engine_hands_the_op_a_plain_tensor(engines, run):
     """In a real engine under torch.compile, the routed op's body gets the weight as a plain tensor (the route passes
     its transpose): handed vLLM's Parameter class, the H200 engine entered the op twice per call through the class's
     __torch_function__ and a 4 x 64 prefill took 23-32 ms against 16-21 without the plugin (docs/perf.md)."""
-    for worker in engines[run]["workers_after_batches"]:
+    workers = engines[run]["workers_after_batches"]
+    assert len(workers) == CONFIGS[run].tp
+    for worker in workers:
         assert worker["op_weights"] == ["Tensor"], worker["op_weights"]
 
 
