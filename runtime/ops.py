@@ -301,22 +301,33 @@ def _linear_fake(x, weight, residual=None, bias=None):
     return fallback(x, weight, bias, residual)
 
 
-def _no_backward(ctx, grad):
-    raise RuntimeError(
-        "skinny_gemm::linear has no autograd formula: call skinny_gemm.linear, which gives calls that want "
-        "gradients to F.linear"
-    )
+def _no_gradients(x, weight, residual=None, bias=None):
+    """The op's autograd kernel: a call that wants gradients is refused (the op has no formula; skinny_gemm.linear
+    never sends one: may_dispatch), any other goes below autograd to ``linear_op``. Outside inference mode it
+    costs a call about 2.6 us on the CPU machine, where torch.library.register_autograd's kernel cost 5 us
+    (docs/decisions.md); inference mode, where vLLM serves, skips it."""
+    if torch.is_grad_enabled() and (
+        x.requires_grad
+        or weight.requires_grad
+        or (residual is not None and residual.requires_grad)
+        or (bias is not None and bias.requires_grad)
+    ):
+        raise RuntimeError(
+            "skinny_gemm::linear has no autograd formula: call skinny_gemm.linear, which gives calls that want "
+            "gradients to F.linear"
+        )
+    with torch._C._AutoDispatchBelowAutograd():
+        return torch.ops.skinny_gemm.linear.default(x, weight, residual, bias)
 
 
 def _register() -> "torch.library.Library | None":
     """Define ``skinny_gemm::linear`` through torch.library.Library, as vLLM registers its ops, not
     torch.library.custom_op: inside a compiled graph on the H200 custom_op's per-call Python wrapper cost 6-17 us
     more than this (docs/perf.md, "The public op under torch.compile"). CompositeExplicitAutograd: every device, as
-    custom_op registered it. Its backward raises, as custom_op's did without a formula (may_dispatch keeps calls
-    that want gradients out of the op). That autograd kernel is Python, as custom_op's was, and runs on every call
-    outside inference mode; under inference mode (vLLM serves under it) the dispatcher skips it.
-    None where the op exists already: registered by another import of this module (its entries removed from
-    sys.modules and imported again), whose code then runs the op's calls; that is warned."""
+    custom_op registered it; the autograd kernel ``_no_gradients`` refuses calls that want gradients, where
+    custom_op's raised at their backward. None where the op exists already: registered by another import of this
+    module (its entries removed from sys.modules and imported again), whose code then runs the op's calls; that is
+    warned."""
     if hasattr(torch.ops.skinny_gemm, "linear"):
         warnings.warn(
             "skinny_gemm: skinny_gemm::linear is registered by another import of skinny_gemm; traced calls run "
@@ -331,8 +342,8 @@ def _register() -> "torch.library.Library | None":
         tags=(torch.Tag.pt2_compliant_tag,),
     )
     lib.impl("linear", linear_op, "CompositeExplicitAutograd")
+    lib.impl("linear", _no_gradients, "Autograd")
     torch.library.register_fake("skinny_gemm::linear", _linear_fake, lib=lib)
-    torch.library.register_autograd("skinny_gemm::linear", _no_backward, lib=lib)
     return lib
 
 

@@ -36,8 +36,8 @@ def test_opcheck():
 
 
 def test_the_op_enters_no_torch_library_python():
-    """Under inference mode the op a compiled graph calls runs its body without torch.library's Python around it:
-    custom_op's wrapper cost 6-17 us a call more there on the H200 (docs/perf.md, "The public op under
+    """The op a compiled graph calls runs its body without torch.library's Python around it, with or without
+    inference mode: custom_op's wrapper cost 6-17 us a call more on the H200 (docs/perf.md, "The public op under
     torch.compile"), and vLLM's engine made custom_op's wrapper on the route's op cost some 200 us a call."""
     import sys
     from pathlib import Path
@@ -50,25 +50,32 @@ def test_the_op_enters_no_torch_library_python():
         if event == "call":
             entered.append((Path(frame.f_code.co_filename).resolve(), frame.f_code.co_name))
 
-    before = sys.getprofile()
-    sys.setprofile(watch)
-    try:
-        with torch.inference_mode():  # as vLLM serves: the op's autograd kernel (torch.library Python) is skipped
-            y = torch.ops.skinny_gemm.linear.default(x, w, None, b)  # what Inductor's code calls
-    finally:
-        sys.setprofile(before)
-    torch.testing.assert_close(y, F.linear(x, w, b), rtol=0, atol=0)
-    assert not [f for f, _ in entered if "torch/_library" in f.as_posix()], "the op's call enters torch.library"
-    assert [name for f, name in entered if f.parent == runtime][:2] == ["linear_op", "run"]
+    for mode, first in ((torch.inference_mode, ["linear_op", "run"]), (torch.no_grad, ["_no_gradients", "linear_op"])):
+        entered.clear()
+        before = sys.getprofile()
+        sys.setprofile(watch)
+        try:
+            with mode():  # inference mode, as vLLM serves, skips the autograd kernel
+                y = torch.ops.skinny_gemm.linear.default(x, w, None, b)  # what Inductor's code calls
+        finally:
+            sys.setprofile(before)
+        torch.testing.assert_close(y, F.linear(x, w, b), rtol=0, atol=0)
+        assert not [f for f, _ in entered if "torch/_library" in f.as_posix()], "the op's call enters torch.library"
+        assert [name for f, name in entered if f.parent == runtime][:2] == first
 
 
-def test_the_op_refuses_a_backward():
-    """No autograd formula: a backward through the op raises (skinny_gemm.linear gives such calls to F.linear), as
-    custom_op's did. (A reload keeps the op: tests/runtime/test_vllm_plugin.py, in a process of its own.)"""
-    x, w = torch.randn(3, 64, dtype=BF16, requires_grad=True), torch.randn(32, 64, dtype=BF16)
-    y = torch.ops.skinny_gemm.linear(x, w)
+def test_the_op_refuses_calls_that_want_gradients():
+    """No autograd formula: a call that wants gradients raises (skinny_gemm.linear gives such calls to F.linear),
+    eagerly and when torch.compile builds the graph; without grad mode the same tensors run. (A reload keeps the
+    op: tests/runtime/test_vllm_plugin.py, in a process of its own.)"""
+    x, w = torch.randn(3, 64, dtype=BF16), torch.randn(32, 64, dtype=BF16, requires_grad=True)
     with pytest.raises(RuntimeError, match="no autograd formula"):
-        y.float().sum().backward()
+        torch.ops.skinny_gemm.linear(x, w)
+    compiled = torch.compile(lambda x, w: torch.ops.skinny_gemm.linear(x, w), backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="no autograd formula"):
+        compiled(x, w)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.ops.skinny_gemm.linear(x, w), F.linear(x, w), rtol=0, atol=0)
 
 
 def test_another_import_finding_the_op_warns_instead_of_failing():
