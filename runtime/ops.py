@@ -47,6 +47,17 @@ def storage_kind(t) -> bool:
     return ok
 
 
+def wants_gradients(x, weight, residual=None, bias=None) -> bool:
+    """True when grad mode is on and a tensor of the call requires grad: the op has no autograd formula, so such a
+    call is F.linear's (the dispatch, its tracing check, the op's autograd kernel and the vLLM route ask this)."""
+    return torch.is_grad_enabled() and (
+        x.requires_grad
+        or weight.requires_grad
+        or (residual is not None and residual.requires_grad)
+        or (bias is not None and bias.requires_grad)
+    )
+
+
 def fallback(x, weight, bias=None, residual=None):
     """F.linear(x, weight, bias) (+ residual): the reference result and the reference errors."""
     y = F.linear(x, weight, bias)
@@ -101,12 +112,7 @@ def _plan(x, weight, residual, bias):
         return counters.EXTRA
     if _fwad._current_level >= 0:
         return counters.AUTOGRAD  # inside a forward-AD level a dual tensor's tangent must go through F.linear
-    if torch.is_grad_enabled() and (
-        x.requires_grad
-        or weight.requires_grad
-        or (residual is not None and residual.requires_grad)
-        or (bias is not None and bias.requires_grad)
-    ):
+    if wants_gradients(x, weight, residual, bias):
         return counters.AUTOGRAD
     n, k = weight.shape
     if k == 0 or x.shape[-1] != k:
@@ -280,12 +286,7 @@ def may_dispatch(x, weight, residual=None, bias=None) -> bool:
             not isinstance(extra, torch.Tensor) or extra.device.type != "cuda" or extra.dtype != _BF16
         ):
             return False
-    if torch.is_grad_enabled() and (
-        x.requires_grad
-        or weight.requires_grad
-        or (residual is not None and residual.requires_grad)
-        or (bias is not None and bias.requires_grad)
-    ):
+    if wants_gradients(x, weight, residual, bias):
         return False
     if _fwad._current_level >= 0:
         return False
@@ -306,18 +307,28 @@ def _no_gradients(x, weight, residual=None, bias=None):
     never sends one: may_dispatch), any other goes below autograd to ``linear_op``. Outside inference mode it
     costs a call about 2.6 us on the CPU machine, where torch.library.register_autograd's kernel cost 5 us
     (docs/decisions.md); inference mode, where vLLM serves, skips it."""
-    if torch.is_grad_enabled() and (
-        x.requires_grad
-        or weight.requires_grad
-        or (residual is not None and residual.requires_grad)
-        or (bias is not None and bias.requires_grad)
-    ):
+    if wants_gradients(x, weight, residual, bias):
         raise RuntimeError(
             "skinny_gemm::linear has no autograd formula: call skinny_gemm.linear, which gives calls that want "
             "gradients to F.linear"
         )
     with torch._C._AutoDispatchBelowAutograd():
         return torch.ops.skinny_gemm.linear.default(x, weight, residual, bias)
+
+
+def registered_elsewhere(namespace: str, name: str, stacklevel: int) -> bool:
+    """True, with a warning, where op ``namespace::name`` exists before this module registers it: another import of
+    skinny_gemm (its entries removed from sys.modules and imported again) holds it, and that import's code runs
+    its calls. A second definition would fail instead."""
+    if not hasattr(getattr(torch.ops, namespace), name):
+        return False
+    warnings.warn(
+        f"skinny_gemm: {namespace}::{name} is registered by another import of skinny_gemm; its calls run that "
+        "import's code",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )
+    return True
 
 
 def _register() -> "torch.library.Library | None":
@@ -328,13 +339,7 @@ def _register() -> "torch.library.Library | None":
     custom_op's raised at their backward. None where the op exists already: registered by another import of this
     module (its entries removed from sys.modules and imported again), whose code then runs the op's calls; that is
     warned."""
-    if hasattr(torch.ops.skinny_gemm, "linear"):
-        warnings.warn(
-            "skinny_gemm: skinny_gemm::linear is registered by another import of skinny_gemm; traced calls run "
-            "that import's code",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+    if registered_elsewhere("skinny_gemm", "linear", stacklevel=3):
         return None
     lib = torch.library.Library("skinny_gemm", "FRAGMENT")
     lib.define(

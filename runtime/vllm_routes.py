@@ -16,7 +16,6 @@ that forward on machines without vLLM.
 from __future__ import annotations
 
 import sys
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -87,9 +86,7 @@ class RoutedApply:
                 # picks plan or F.linear at run time, as vLLM's own path
                 # (F.linear on CUDA) would compute. It has no autograd formula:
                 # a traced call that wants gradients keeps vLLM's path.
-                if torch.is_grad_enabled() and (
-                    x.requires_grad or layer.weight.requires_grad or (bias is not None and bias.requires_grad)
-                ):
+                if ops.wants_gradients(x, layer.weight, None, bias):
                     return self.original(layer, x, bias)
                 # The weight goes in as its transpose, a view: the compiled graph hands a view over as a plain
                 # tensor, where vLLM's Parameter subclass itself entered the op a second time through its
@@ -112,11 +109,12 @@ def _routed_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor |
     lacks (every prefill) goes to F.linear at once, counted as the dispatch counts it; planned M go through
     skinny_gemm.linear, which checks and launches or falls back."""
     weight = weight_t.t()
-    ms = _ROUTED_MS.get((*weight.shape, weight.device))
-    if ms is not None and x.numel() // weight.shape[1] not in ms:
-        n, k = weight.shape
+    n, k = weight.shape
+    m = x.numel() // k
+    ms = _ROUTED_MS.get((n, k, weight.device))
+    if ms is not None and m not in ms:
         y = ops.fallback(x, weight, bias)
-        counters.FALLBACKS[(n, k, x.numel() // k, counters.NOT_PLANNED)] += 1
+        counters.FALLBACKS[(n, k, m, counters.NOT_PLANNED)] += 1
         return y
     return api.linear(x, weight, bias)
 
@@ -135,17 +133,7 @@ def define_op() -> None:
     tensors), as measured there; the op lives as long as ``_LIB``.
     """
     global _LIB
-    if _LIB is not None:
-        return
-    if hasattr(getattr(torch.ops, OP_NAMESPACE), "routed_linear"):
-        # Another copy of this module (imported again after its entries left sys.modules) holds the op; its body,
-        # not this module's, runs the compiled graphs' calls.
-        warnings.warn(
-            f"skinny_gemm: {OP_NAMESPACE}::routed_linear is registered by another import of skinny_gemm; "
-            "compiled routes call that import's code",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+    if _LIB is not None or ops.registered_elsewhere(OP_NAMESPACE, "routed_linear", stacklevel=4):
         return
     lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
     lib.define("routed_linear(Tensor x, Tensor weight_t, Tensor? bias) -> Tensor")

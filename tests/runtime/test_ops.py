@@ -39,29 +39,25 @@ def test_the_op_enters_no_torch_library_python():
     """The op a compiled graph calls runs its body without torch.library's Python around it, with or without
     inference mode: custom_op's wrapper cost 6-17 us a call more on the H200 (docs/perf.md, "The public op under
     torch.compile"), and vLLM's engine made custom_op's wrapper on the route's op cost some 200 us a call."""
-    import sys
     from pathlib import Path
+
+    from helpers.profiling import entered
 
     x, w, b = torch.randn(3, 64, dtype=BF16), torch.randn(32, 64, dtype=BF16), torch.randn(32, dtype=BF16)
     runtime = Path(ops.__file__).resolve().parent
-    entered = []
 
-    def watch(frame, event, arg):
-        if event == "call":
-            entered.append((Path(frame.f_code.co_filename).resolve(), frame.f_code.co_name))
+    def call(mode):
+        with mode():  # inference mode, as vLLM serves, skips the autograd kernel
+            return torch.ops.skinny_gemm.linear.default(x, w, None, b)  # what Inductor's code calls
 
-    for mode, first in ((torch.inference_mode, ["linear_op", "run"]), (torch.no_grad, ["_no_gradients", "linear_op"])):
-        entered.clear()
-        before = sys.getprofile()
-        sys.setprofile(watch)
-        try:
-            with mode():  # inference mode, as vLLM serves, skips the autograd kernel
-                y = torch.ops.skinny_gemm.linear.default(x, w, None, b)  # what Inductor's code calls
-        finally:
-            sys.setprofile(before)
+    no_grad_first = ["_no_gradients", "wants_gradients", "linear_op"]
+    for mode, first in ((torch.inference_mode, ["linear_op", "run"]), (torch.no_grad, no_grad_first)):
+        y, entered_calls = entered(lambda: call(mode))
         torch.testing.assert_close(y, F.linear(x, w, b), rtol=0, atol=0)
-        assert not [f for f, _ in entered if "torch/_library" in f.as_posix()], "the op's call enters torch.library"
-        assert [name for f, name in entered if f.parent == runtime][:2] == first
+        assert not [f for f, _ in entered_calls if "torch/_library" in f.as_posix()], (
+            "the op's call enters torch.library"
+        )
+        assert [name for f, name in entered_calls if f.parent == runtime][: len(first)] == first
 
 
 def test_the_op_refuses_calls_that_want_gradients():

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import vllm_test_plans
+from helpers import profiling, vllm_test_plans
 
 from skinny_gemm.runtime import api, counters, vllm_plugin, vllm_routes, vllm_summary
 from skinny_gemm.runtime.vllm_plugin import LOG_PREFIX
@@ -169,21 +169,9 @@ def test_compiled_route_sends_unplanned_m_straight_to_f_linear(fresh_calls):
     bias = torch.randn(64).bfloat16()
     op = torch.ops.skinny_gemm_vllm.routed_linear.default  # what Inductor's code calls
     runtime = Path(vllm_routes.__file__).resolve().parent
-    entered = []
-
-    def watch(frame, event, arg):
-        if event == "call":
-            entered.append((Path(frame.f_code.co_filename).resolve(), frame.f_code.co_name))
-
     for m, b in ((5, None), (5, bias), (2, None)):
         x = torch.randn(m, 32).bfloat16()
-        entered.clear()
-        before = sys.getprofile()
-        sys.setprofile(watch)
-        try:
-            y = op(x, layer.weight.t(), b)
-        finally:
-            sys.setprofile(before)
+        y, entered = profiling.entered(lambda: op(x, layer.weight.t(), b))  # noqa: B023  (called at once)
         torch.testing.assert_close(y, F.linear(x, layer.weight, b), rtol=0, atol=0)
         assert not [f for f, _ in entered if "torch/_library" in f.as_posix()], "the op's call enters torch.library"
         if m == 5:
@@ -353,19 +341,14 @@ def test_compiled_route_launches_on_a_parameter_subclass(fresh_calls, backend):
     layer.weight = _TorchFunctionParameter(w, requires_grad=False)
     handed = []  # the type of the op body's weight argument, as the compiled graph calls it
 
-    def watch(frame, event, arg):
-        if event == "call" and frame.f_code is vllm_routes._routed_linear.__code__:
+    def record(frame):
+        if frame.f_code is vllm_routes._routed_linear.__code__:
             handed.append(type(frame.f_locals[frame.f_code.co_varnames[1]]))
 
     compiled = torch.compile(lambda x: method.apply(layer, x), backend=backend, dynamic=True, fullgraph=True)
     for m in (1, 2, 1):
         x = torch.randn(m, 32).bfloat16()
-        before = sys.getprofile()
-        sys.setprofile(watch)
-        try:
-            y = compiled(x)
-        finally:
-            sys.setprofile(before)
+        y = profiling.on_calls(lambda: compiled(x), record)  # noqa: B023  (called at once)
         torch.testing.assert_close(y, F.linear(x, w), rtol=0, atol=0)
     assert handed and set(handed) == {torch.Tensor}, f"the op was handed {set(handed)}"
     assert fresh_calls() == {(64, 32, 1): 2, (64, 32, 2): 1}
