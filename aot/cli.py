@@ -9,6 +9,18 @@ from pathlib import Path
 from ..kernels.config import DECODE_MS
 from ..runtime.version import __version__
 
+# What a verb imports from outside the standard library, by import name, and the requirement that brings it: the
+# wheel's dependencies and extras (pyproject.toml). `pip install --no-deps` skips them; a verb that finds one
+# missing says so in one line instead of a traceback.
+PIP_REQUIREMENT = {
+    "cuda": "cuda-bindings>=13,<14",
+    "cutlass": "nvidia-cutlass-dsl[cu13]==4.8.1",
+    "matplotlib": "matplotlib>=3.8",
+    "numpy": "numpy>=1.26",
+    "torch": "torch>=2.11,<2.14",
+    "tqdm": "tqdm>=4.66",
+}
+
 DESCRIPTION = """\
 skinny-gemm: AOT-compiled skinny BF16 GEMMs (1-16 tokens x large weights) for LLM decode.
 
@@ -53,14 +65,8 @@ def cmd_build(args) -> int:
 
 def cmd_verify(args) -> int:
     """Check a build dir or wheel; one line per problem, non-zero exit if any."""
-    try:
-        from .verify import verify
-    except ModuleNotFoundError as exc:
-        # Seen after `pip install --no-deps`: the wheel declares these, a no-deps install skips them.
-        print(f"error: verify needs {exc.name} (pip install {exc.name})", file=sys.stderr)
-        return 2
-
     from ..runtime.artifacts import artifacts_root
+    from .verify import verify
 
     status = 0
     # No path: what the loader would load ($SKINNY_GEMM_ARTIFACTS or the package's artifacts).
@@ -247,6 +253,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return args.func(args)
+    except ModuleNotFoundError as exc:
+        name = (exc.name or "").partition(".")[0]
+        if name not in PIP_REQUIREMENT:
+            raise
+        print(
+            f"error: {args.verb} needs {name}, not installed here (pip install '{PIP_REQUIREMENT[name]}')",
+            file=sys.stderr,
+        )
+        return 2
     except BrokenPipeError:  # `skinny-gemm list | head`: the reader left; not an error
         sys.stderr.close()
         return 0

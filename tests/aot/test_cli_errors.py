@@ -70,3 +70,34 @@ def test_tune_prepare_without_cutlass(tmp_path):
     assert res.stderr.strip() == (
         "skinny-gemm tune prepare: error: needs nvidia-cutlass-dsl (pip install nvidia-cutlass-dsl==4.8.1)"
     ), res.stderr
+
+
+@pytest.mark.parametrize(
+    ("verb", "blocked", "line"),
+    [
+        (["env"], "torch", "error: env needs torch, not installed here (pip install 'torch>=2.11,<2.14')"),
+        (["verify", "."], "tqdm", "error: verify needs tqdm, not installed here (pip install 'tqdm>=4.66')"),
+    ],
+)
+def test_a_missing_dependency_is_one_line(verb, blocked, line):
+    """As after `pip install --no-deps` of the wheel: the verb that imports a missing dependency names it (both were
+    tracebacks before, env's from runtime/diagnostics.py)."""
+    code = (
+        "import sys, runpy\n"
+        f"sys.modules[{blocked!r}] = None\n"
+        f"sys.argv = ['skinny-gemm', *{verb!r}]\n"
+        f"runpy.run_path({SOURCE_TREE!r}, run_name='__main__')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert (res.returncode, res.stderr.strip()) == (2, line), res.stdout + res.stderr
+
+
+def test_a_missing_module_of_our_own_is_not_hidden(monkeypatch):
+    """Only the declared dependencies get the one line: anything else missing is a defect and keeps its traceback."""
+
+    def broken(args):
+        raise ModuleNotFoundError("No module named 'skinny_gemm.gone'", name="skinny_gemm.gone")
+
+    monkeypatch.setattr(cli, "cmd_env", broken)
+    with pytest.raises(ModuleNotFoundError):
+        cli.main(["env"])
