@@ -126,9 +126,16 @@ def step_entry(model: dict, arch: str, tp: int, ms, calls=None, gemms=None) -> d
 
 def entry_choices(row: dict, top: int, min_speedup: float = MIN_SPEEDUP) -> list[str]:
     """The candidates a cell is timed with in the step: its ``top`` fastest isolated winners (at ``min_speedup``
-    over cuBLAS alone) and their no-PDL twins (where those are winners too), PDL on and off alike."""
+    over cuBLAS alone) and every exact, timed PDL or no-PDL variant of them, fastest alone first.
+
+    A variant is in whatever its own alone speedup: the alone chain repeats one kernel, so a PDL variant starts its
+    prologue under the launch before it, which no vLLM op before a projection allows. Over the committed runs' 308
+    twin pairs on per-layer shapes (H200, docs/experiments/pdl_alone_bias.py) PDL took a median 0.98 us a call off
+    the alone time and added 0.05 us in the step (0.37 us on weights of 32 MB and more): a no-PDL twin under the
+    winners' floor alone can be the faster one in the step."""
     winners = isolated_winners(row, min_speedup)
-    configs = {name: row["candidates"][name].get("config") or {} for name in winners}
+    timed = isolated_winners(row, min_speedup=0.0)  # every exact, timed candidate, fastest first
+    configs = {name: row["candidates"][name].get("config") or {} for name in timed}
 
     def base(name):
         try:
@@ -142,7 +149,7 @@ def entry_choices(row: dict, top: int, min_speedup: float = MIN_SPEEDUP) -> list
         if b not in bases:
             bases.append(b)
     chosen = set(bases[:top])
-    return [name for name in winners if base(name) in chosen]
+    return [name for name in timed if base(name) in chosen]
 
 
 def decode_phase(

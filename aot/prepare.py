@@ -89,8 +89,8 @@ def prepare(
     the cells of those token counts (the decode phase ranks each M on its own); ``top`` cuts each cell's
     candidates with the cost model. The decode phase runs in the served step of the model file (seed
     set) or of the one catalogue model (every asked TP its step states); there each candidate kept
-    also gets its no-PDL twin (``twins``). ``from_plans``: each cell's candidates are exactly the
-    distinct configs those plan tables hold for it (no cut, no twins; a cell none holds is skipped).
+    also gets its no-PDL twin (``twins``). ``from_plans``: each cell's candidates are the distinct
+    configs those plan tables hold for it (no cut; their twins as above; a cell none holds is skipped).
     ``from_results`` adds, per cell, the configs of the ``best`` (FROM_RESULTS_BEST) fastest exact candidates those `tune measure`
     results timed for it (the previous run's front beside a new sweep, so one run compares them).
     ``decode=False`` writes no decode steps: `tune measure` then times the cells alone.
@@ -118,7 +118,7 @@ def prepare(
         notes.append("no decode phase (--no-decode): the cells are timed alone")
     if from_plans or from_results:
         by_cell = result_configs(from_results or [], arch, best, plan_configs(from_plans or [], arch))
-        rows, skipped = plan_rows(cells, by_cell)
+        rows, skipped = plan_rows(cells, by_cell, extend=_with_twins if steps and twins else None)
     else:
         rows, skipped = cell_rows(cells, top, per_family, extend=_with_twins if steps and twins else None, arch=arch)
     configs = {KernelConfig.from_json(c) for r in rows for c in r["candidates"]}
@@ -205,14 +205,16 @@ def result_configs(paths, arch: str, best: int, found: dict) -> dict[tuple[int, 
     return found
 
 
-def plan_rows(cells, by_cell: dict) -> tuple[list[dict], dict]:
-    """`tune prepare --from-plans`'s rows: per (n, k, m[, bias]) cell exactly the configs ``by_cell`` holds for it
-    (no cost-model cut, no twins); returns (rows, {(n, k, m): why} for cells no table or results file holds)."""
+def plan_rows(cells, by_cell: dict, extend=None) -> tuple[list[dict], dict]:
+    """`tune prepare --from-plans`'s rows: per (n, k, m[, bias]) cell the configs ``by_cell`` holds for it (no
+    cost-model cut), then what ``extend(cands, n, k)`` adds (the no-PDL twins where there is a decode phase); returns
+    (rows, {(n, k, m): why} for cells no table or results file holds)."""
     rows, skipped = [], {}
     for cell in cells:
         key = tuple(cell[:3])
         if key in by_cell:
-            rows.append({"n": key[0], "k": key[1], "m": key[2], "candidates": [c.to_json() for c in by_cell[key]]})
+            cands = extend(by_cell[key], key[0], key[1]) if extend else by_cell[key]
+            rows.append({"n": key[0], "k": key[1], "m": key[2], "candidates": [c.to_json() for c in cands]})
         else:
             skipped[key] = "no plan table or results file given holds it"
     return rows, skipped

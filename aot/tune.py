@@ -64,9 +64,9 @@ def add_arguments(p) -> None:
         type=Path,
         nargs="+",
         metavar="PLAN",
-        help="each cell's candidates are exactly the distinct configs these plan tables "
-        "(kernels/plans/*.json format) hold for its (n, k, m): no cost-model cut, no twins; a cell "
-        "none holds is skipped",
+        help="each cell's candidates are the distinct configs these plan tables "
+        "(kernels/plans/*.json format) hold for its (n, k, m), no cost-model cut, with their no-PDL twins "
+        "where there is a decode phase (unless --no-pdl-twins); a cell none holds is skipped",
     )
     pr.add_argument(
         "--from-results",
@@ -74,7 +74,7 @@ def add_arguments(p) -> None:
         nargs="+",
         metavar="RESULTS",
         help="also each cell's --best fastest exact candidates in these `tune measure` results (a previous "
-        "run's front beside a new sweep); like --from-plans, no cut and no twins",
+        "run's front beside a new sweep); like --from-plans, no cut, twins as there",
     )
     pr.add_argument(
         "--best",

@@ -341,6 +341,37 @@ def test_isolated_winners_rank_correct_fast_candidates():
     assert isolated_winners(row) == ["fast", "mid"]
 
 
+def test_the_step_times_a_winners_no_pdl_twin_whatever_its_alone_speedup():
+    """The alone chain flatters PDL (docs/experiments/pdl_alone_bias.py), so a winner's no-PDL twin under the floor
+    alone is still timed in the step beside it; candidates that are no winner's variant, or are wrong, are not."""
+    plan = json.loads((PACKAGE_ROOT / "kernels" / "plans" / "sm_90a.json").read_text())
+    pdl = [KernelConfig.from_json(e["config"]) for e in plan["entries"] if (e["n"], e["k"], e["m"]) == (4096, 4096, 16)]
+    (a,) = pdl
+    assert a.pdl, "the committed 4096x4096 M = 16 pick launches with PDL"
+    a_twin = decode_phase.twin(a)
+    b = dataclasses.replace(a, stages=4)
+    other = dataclasses.replace(a_twin, stages=2)
+
+    def timed(cfg, us, bad=0):
+        return cfg.name, {"bad_elements": bad, "us": us, "config": cfg.to_json()}
+
+    row = {
+        "cublas_us": 14.0,
+        "candidates": dict(
+            [
+                timed(a, 10.0),  # 1.40x
+                timed(b, 11.0),  # 1.27x
+                timed(a_twin, 13.6),  # 1.03x alone: under MIN_SPEEDUP, yet the PDL winner's twin
+                timed(other, 13.5),  # 1.04x and no winner's variant
+                timed(decode_phase.twin(b), 9.0, bad=2),  # b's twin, but wrong
+            ]
+        ),
+    }
+    assert MIN_SPEEDUP > 14.0 / 13.6
+    assert decode_phase.entry_choices(row, top=2) == [a.name, b.name, a_twin.name]
+    assert decode_phase.entry_choices(row, top=1) == [a.name, a_twin.name]
+
+
 def test_decode_steps_follow_the_seed_set(tmp_path):
     path = tmp_path / "shapes.json"
     path.write_text(

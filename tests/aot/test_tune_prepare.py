@@ -75,33 +75,29 @@ def test_from_plans_takes_exactly_the_plans_configs(compiled, tmp_path):
     assert (*left_out, 8) not in got
 
 
-def test_from_plans_on_the_cli_with_the_served_step(compiled, tmp_path, capsys):
-    """Without --no-decode the served step is kept, and the plans' configs still get no twins."""
+@pytest.mark.parametrize("twins", [True, False])
+def test_from_plans_on_the_cli_with_the_served_step(compiled, tmp_path, capsys, twins):
+    """Without --no-decode the served step is kept, and the plans' configs get their no-PDL twins (the decode phase
+    picks PDL or not per cell: the alone chain flatters PDL); --no-pdl-twins leaves them out."""
     (pa, pb), a, b, _ = _plans(tmp_path)
     out = tmp_path / "out"
-    assert (
-        cli.main(
-            [
-                "tune",
-                "prepare",
-                "--arch",
-                "sm_90a",
-                "--shapes",
-                str(GLM),
-                "--m",
-                "8",
-                "--from-plans",
-                str(pa),
-                str(pb),
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    args = ["tune", "prepare", "--arch", "sm_90a", "--shapes", str(GLM), "--m", "8"]
+    args += ["--from-plans", str(pa), str(pb), "--out", str(out)] + ([] if twins else ["--no-pdl-twins"])
+    assert cli.main(args) == 0
     spec = _spec(out)
     assert [d["tp"] for d in spec["decode"]] == [4, 8] and set(spec["decode"][0]["step"]) == {"8"}
-    assert sum(len(r["candidates"]) for r in spec["cells"]) == len({(e.n, e.k, e.config) for e in a + b})
+    held: dict = {}
+    for e in a + b:
+        have = held.setdefault((e.n, e.k, e.m), [])
+        if e.config not in have:
+            have.append(e.config)
+    got = {(r["n"], r["k"], r["m"]): [KernelConfig.from_json(c) for c in r["candidates"]] for r in spec["cells"]}
+    want = {
+        key: cfgs + (decode_phase.no_pdl_twins(cfgs, key[0], key[1]) if twins else []) for key, cfgs in held.items()
+    }
+    assert got == want
+    if twins:
+        assert sum(map(len, got.values())) > sum(map(len, held.values())), "some plan config had no twin held"
 
 
 def test_from_plans_refuses_a_cut_and_another_archs_table(compiled, tmp_path, capsys):
@@ -195,7 +191,15 @@ def test_from_results_adds_each_cells_fastest_exact_candidates(compiled, tmp_pat
     results = tmp_path / "r.json"
     results.write_text(json.dumps(data))
     line = prepare(
-        "sm_90a", None, tmp_path / "out", ms=[8], model="llama-3.1-8b", tps=[1], from_results=[results], best=2
+        "sm_90a",
+        None,
+        tmp_path / "out",
+        ms=[8],
+        model="llama-3.1-8b",
+        tps=[1],
+        from_results=[results],
+        best=2,
+        twins=False,
     )
     got = {(r["n"], r["k"], r["m"]): r["candidates"] for r in _spec(tmp_path / "out")["cells"]}
     want = [row["candidates"][nm]["config"] for nm in ranked[:2]]
@@ -212,6 +216,7 @@ def test_from_results_adds_each_cells_fastest_exact_candidates(compiled, tmp_pat
         from_results=[results],
         best=2,
         from_plans=[plans.plan_path("sm_90a")],
+        twins=False,
     )
     both = {(r["n"], r["k"], r["m"]): r["candidates"] for r in _spec(tmp_path / "both")["cells"]}
     from_runs = [KernelConfig.from_json(c) for c in want]
