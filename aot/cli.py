@@ -254,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ModuleNotFoundError as exc:
-        name = (exc.name or "").partition(".")[0]
-        if name not in PIP_REQUIREMENT:
+        name = exc.name or ""
+        if name not in PIP_REQUIREMENT:  # a submodule of an installed package (a broken or other version): traceback
             raise
         print(
             f"error: {args.verb} needs {name}, not installed here (pip install '{PIP_REQUIREMENT[name]}')",

@@ -23,15 +23,13 @@ without "step" (fake steps in the tests, older candidate dirs) the calls run bac
 
 from __future__ import annotations
 
-import dataclasses
-
 from ..kernels.config import ConfigError, KernelConfig
 from ..runtime import modelfile
 from ..runtime.jsonfile import InputError
-from .results import CUBLAS, MIN_SPEEDUP, confirmed, fallback_pick, isolated_winners
+from .results import CUBLAS, MIN_SPEEDUP, confirmed, fallback_pick, isolated_winners, twin_of_a_winner
 
 # Per cell, how many of the fastest isolated winners are re-timed inside the decode step
-# (each with its no-PDL twin, where that twin is a winner too).
+# (each with its no-PDL twin: `entry_choices`).
 DECODE_TOP = 12
 # Passes over the cells in that phase: the second re-times each cell with every other cell
 # on its first-pass choice (costs as much GPU time again as the first, ~20 s on the H200).
@@ -51,10 +49,8 @@ def confirm_replays(trials: int, confirm_trials: int | None) -> int:
 
 
 def twin(cfg: KernelConfig) -> KernelConfig:
-    """``cfg`` launched without PDL: the SIMT walk (``persist``) and ``early`` need PDL, so they go too; the mma
-    and wgmma walks run without it."""
-    keep = cfg.walk or cfg.wgmma_walk
-    return dataclasses.replace(cfg, pdl=False, early=False, persist=cfg.persist if keep else 0)
+    """``cfg`` launched without PDL (`KernelConfig.without_pdl`)."""
+    return cfg.without_pdl()
 
 
 def no_pdl_twins(cands: list[KernelConfig], n: int, k: int) -> list[KernelConfig]:
@@ -126,13 +122,10 @@ def step_entry(model: dict, arch: str, tp: int, ms, calls=None, gemms=None) -> d
 
 def entry_choices(row: dict, top: int, min_speedup: float = MIN_SPEEDUP) -> list[str]:
     """The candidates a cell is timed with in the step: its ``top`` fastest isolated winners (at ``min_speedup``
-    over cuBLAS alone) and every exact, timed PDL or no-PDL variant of them, fastest alone first.
-
-    A variant is in whatever its own alone speedup: the alone chain repeats one kernel, so a PDL variant starts its
-    prologue under the launch before it, which no vLLM op before a projection allows. Over the committed runs' 308
-    twin pairs on per-layer shapes (H200, docs/experiments/pdl_alone_bias.py) PDL took a median 0.98 us a call off
-    the alone time and added 0.05 us in the step (0.37 us on weights of 32 MB and more): a no-PDL twin under the
-    winners' floor alone can be the faster one in the step."""
+    over cuBLAS alone) and their variants, PDL on and off, fastest alone first: the winners among them, and the
+    no-PDL twin of a PDL winner whatever its own alone speedup (`results.twin_of_a_winner`: the alone chain flatters
+    PDL, so a twin under the floor alone can be the faster one in the step; `tune write` plans it if the step
+    confirms it)."""
     winners = isolated_winners(row, min_speedup)
     timed = isolated_winners(row, min_speedup=0.0)  # every exact, timed candidate, fastest first
     configs = {name: row["candidates"][name].get("config") or {} for name in timed}
@@ -148,8 +141,10 @@ def entry_choices(row: dict, top: int, min_speedup: float = MIN_SPEEDUP) -> list
         b = base(name)
         if b not in bases:
             bases.append(b)
-    chosen = set(bases[:top])
-    return [name for name in timed if base(name) in chosen]
+    chosen, won = set(bases[:top]), set(winners)
+    return [
+        name for name in timed if base(name) in chosen and (name in won or twin_of_a_winner(row, name, min_speedup))
+    ]
 
 
 def decode_phase(

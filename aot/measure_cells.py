@@ -103,7 +103,7 @@ def measure(
             data["decode_min_speedup"] = decode_min_speedup  # tune write plans the step's picks down to it
         data["decode_method"] = (
             f"per cell, its {decode_top} fastest isolated winners (>= {decode_min_speedup}x) and their no-PDL twins "
-            "(PDL on and off compete in every cell), and cuBLAS itself (a cell choosing it gets no plan entry), "
+            "(whatever the twins' alone speedup: PDL on and off compete in every cell), and cuBLAS itself (a cell choosing it gets no plan entry), "
             "timed inside one CUDA graph of the "
             "whole served decode step per TP (the model file's step: projections with the ops between them; "
             "other cells on their current choice), interleaved, median of "

@@ -158,8 +158,9 @@ def add_arguments(p) -> None:
         default=MIN_SPEEDUP,
         metavar="X",
         help=f"admit to that phase the candidates at X times cuBLAS's speed alone (default {MIN_SPEEDUP}, the plan's "
-        "entry rule); under it, near-ties are tried in the step, where a choice that the confirm step keeps is "
-        "planned whatever its alone speedup",
+        "entry rule), and the no-PDL twin of each PDL one whatever its own; under the rule, near-ties are tried in "
+        "the step, where a choice that the confirm step keeps is planned down to X (a twin: down to its PDL "
+        "winner's X)",
     )
     mf = sub.add_parser("model-fit", help="refit the cost model on the committed H200 timings (CPU, numpy)")
     mf.add_argument("--out", type=Path, help="model JSON to write (default: the committed one next to the timings)")

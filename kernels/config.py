@@ -296,6 +296,12 @@ class KernelConfig:
         """The "mma" walk: ``persist`` on kind "mma" (the SIMT kernel's ``persist`` is its own walk)."""
         return self.kind == "mma" and self.persist > 0
 
+    def without_pdl(self) -> KernelConfig:
+        """This config launched without PDL (its twin in the tuner's decode phase): ``early`` and the SIMT walk need
+        PDL, so they go too; the mma and wgmma walks run without it."""
+        keep = self.walk or self.wgmma_walk
+        return dataclasses.replace(self, pdl=False, early=False, persist=self.persist if keep else 0)
+
     @property
     def warp_steps(self) -> int:
         """32 x slices-k steps of one warp's K range ("mma" with ``static_k``: what a persist walk keeps in registers)."""

@@ -4,17 +4,17 @@
 
 `tune measure` times each candidate alone (a bare chain of the same GEMM under graph replay, where our kernel's
 `launch_dependents` lets the next launch of the same kernel start its prologue early) and, in the decode phase, the
-whole served step with that candidate in its cell (where each GEMM follows one of vLLM's ops: a norm, attention or
-silu-and-mul, none of which triggers a dependent launch). The decode phase times every PDL variant beside its no-PDL
-twin, so each (run, cell, twin pair) gives two differences with nothing else changed:
+whole served step with that candidate in its cell. The decode phase times PDL variants beside their no-PDL twins, so
+each (run, cell, TP, twin pair) gives two differences with nothing else changed:
 
   alone:  the PDL variant's alone time less its twin's (us per call);
   step:   the PDL variant's step time less its twin's, divided by the calls the shape makes per step (us per call).
 
-And per candidate, the "in-step penalty" that docs/perf.md chased on the dense models: its step time against
-cuBLAS's per call, less its alone time against cuBLAS's. Cells are grouped by the number of calls the shape makes per
-step (a shape a model calls once, such as an LM head, gives a per-call figure 32-60 times noisier than a per-layer
-one: the step's own spread, about 0.08%, is 5-20 us).
+Each shape is classed by what comes before it in its model's step (`aot/steps.py`'s build of the model file): one of
+our GEMMs (whose trigger lets a PDL launch start early, as in the chain) or one of vLLM's ops (a norm, attention,
+silu-and-mul: no trigger). Where the run also timed cuBLAS in the step, each candidate's "in-step penalty": its step
+time against cuBLAS's per call, less its alone time against cuBLAS's. A shape the step calls once (an LM head) gives
+a per-call figure 11-80 times noisier than a per-layer one (the step's own spread, about 0.08%, is 5-20 us).
 """
 
 import argparse
@@ -25,38 +25,48 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "aot"))
+import source_tree  # noqa: E402
+
+source_tree.register(run_init=False)
+from skinny_gemm.aot import steps  # noqa: E402
+
 TUNING = ROOT / "kernels" / "plans" / "tuning" / "sm_90a"
-MODELS = ROOT / "kernels" / "models"
 RUN_NAME = re.compile(r"tune-sm_90a-h200-(?P<slug>.+?)-tp(?P<tp>\d+)(-|\.json$)")
+SEED_SET = "glm-5.3-flash"  # the runs named by token counts only (m1, m816-pdl, served-m16, ...) tuned its seed set
 PER_LAYER = 11  # calls per step at and above which a shape is a per-layer one (GLM's fewest: 11)
 
 
-def calls_per_step(model: dict, tp: int, n: int, k: int) -> int:
-    """How many times one step of ``model`` at ``tp`` calls an (n, k) projection (0: never)."""
-    return sum(lin["calls_per_step"] for lin in model["linears"].values() if lin["tp"].get(str(tp)) == [n, k])
+def gemm_context(model: dict, tp: int, m: int) -> dict[tuple[int, int], tuple[int, str]]:
+    """Per (n, k) GEMM of the model's served step at (tp, m): (calls per step, what comes before it: "gemm" where
+    every call follows one of our GEMMs, "op" where none does, "mixed")."""
+    ops = steps.build(model, tp, m, arch="sm_90a")
+    seen: dict = {}
+    for i, op in enumerate(ops):
+        if op.is_gemm:
+            seen.setdefault((op.n, op.k), []).append(i > 0 and ops[i - 1].is_gemm)
+    return {key: (len(v), "gemm" if all(v) else "op" if not any(v) else "mixed") for key, v in seen.items()}
 
 
-def samples(tuning: Path = TUNING, models: Path = MODELS) -> list[dict]:
-    """One record per (run, cell, TP, candidate) with a step time beside cuBLAS's, a model file and a call count."""
+def samples(tuning: Path = TUNING) -> list[dict]:
+    """One record per (run, cell, TP, candidate) with a step time: its alone time, step time, calls per step and
+    predecessor kind, and cuBLAS's alone and step times (``cublas_step_us`` None where the run did not time it)."""
     found = []
     for path in sorted(tuning.glob("tune-*.json")):
         named = RUN_NAME.match(path.name)
-        model_file = models / f"{named['slug']}.json" if named else None
-        if model_file is None or not model_file.is_file():
-            continue
-        model = json.loads(model_file.read_text())
+        model = steps.load(named["slug"] if named else SEED_SET)
+        context: dict = {}
         for cell in json.loads(path.read_text())["cells"]:
-            steps = (cell.get("decode") or {}).get("step_us") or {}
-            if "cublas" not in steps:
-                continue
+            step_us = (cell.get("decode") or {}).get("step_us") or {}
             n, k, m = cell["n"], cell["k"], cell["m"]
-            for name, by_tp in steps.items():
+            cublas = step_us.get("cublas")
+            for name, by_tp in step_us.items():
                 if name == "cublas" or name not in cell["candidates"]:
                     continue
                 for tp, us in (by_tp if isinstance(by_tp, dict) else {named["tp"]: by_tp}).items():
-                    calls = calls_per_step(model, int(tp), n, k)
-                    cublas = steps["cublas"]
-                    cublas_us = cublas[tp] if isinstance(cublas, dict) else cublas
+                    if (int(tp), m) not in context:
+                        context[(int(tp), m)] = gemm_context(model, int(tp), m)
+                    calls, before = context[(int(tp), m)].get((n, k), (0, ""))
                     if not calls:
                         continue
                     found.append(
@@ -67,19 +77,22 @@ def samples(tuning: Path = TUNING, models: Path = MODELS) -> list[dict]:
                             "m": m,
                             "tp": int(tp),
                             "calls": calls,
+                            "after": before,
                             "variant": name,
                             "pdl": cell["candidates"][name]["config"]["pdl"],
                             "alone_us": cell["candidates"][name]["us"],
                             "cublas_alone_us": cell["cublas_us"],
                             "step_us": us,
-                            "cublas_step_us": cublas_us,
+                            "cublas_step_us": (cublas[tp] if isinstance(cublas, dict) else cublas) if cublas else None,
                         }
                     )
     return found
 
 
 def twins(found: list[dict]) -> list[dict]:
-    """Each PDL variant beside its no-PDL twin of the same run, cell and TP: alone and per-call step differences."""
+    """Each PDL variant beside its no-PDL twin of the same run, cell and TP: alone and per-call step differences.
+    The twin is the config with PDL alone off (the name's ``_pdl`` as ``_nopdl``); the decode phase's twin of an
+    ``early`` or SIMT-walk variant also drops those, so it is no pure PDL comparison and is left out."""
     by_key = {(s["run"], s["n"], s["k"], s["m"], s["tp"], s["variant"]): s for s in found}
     pairs = []
     for (run, n, k, m, tp, name), s in sorted(by_key.items()):
@@ -96,6 +109,7 @@ def twins(found: list[dict]) -> list[dict]:
                 "m": m,
                 "tp": tp,
                 "calls": s["calls"],
+                "after": s["after"],
                 "variant": name,
                 "alone_pdl_less_nopdl_us": round(s["alone_us"] - twin["alone_us"], 3),
                 "step_pdl_less_nopdl_us_per_call": round((s["step_us"] - twin["step_us"]) / s["calls"], 3),
@@ -117,34 +131,56 @@ def quartiles(values: list[float]) -> list[float]:
     return [round(q[0], 2), round(statistics.median(values), 2), round(q[2], 2)]
 
 
+def _pairs_figures(ps: list[dict]) -> dict:
+    return {
+        "twin_pairs": len(ps),
+        "alone_pdl_less_nopdl_us_q1_median_q3": quartiles([p["alone_pdl_less_nopdl_us"] for p in ps]),
+        "step_pdl_less_nopdl_us_per_call_q1_median_q3": quartiles([p["step_pdl_less_nopdl_us_per_call"] for p in ps]),
+        "step_pdl_slower": sum(p["step_pdl_less_nopdl_us_per_call"] > 0 for p in ps),
+    }
+
+
 def summary(found: list[dict], pairs: list[dict]) -> dict:
-    """The figures docs/perf.md quotes: twin differences and penalties, per-layer shapes apart from once-a-step ones."""
-    out = {}
-    for label, keep in (("per_layer", lambda c: c >= PER_LAYER), ("once_a_step", lambda c: c < PER_LAYER)):
-        ps = [p for p in pairs if keep(p["calls"])]
-        if not ps:
-            continue
-        out[label] = {
-            "twin_pairs": len(ps),
-            "alone_pdl_less_nopdl_us_q1_median_q3": quartiles([p["alone_pdl_less_nopdl_us"] for p in ps]),
-            "step_pdl_less_nopdl_us_per_call_q1_median_q3": quartiles(
-                [p["step_pdl_less_nopdl_us_per_call"] for p in ps]
-            ),
-            "penalty_us_q1_median_q3": {
-                flag: quartiles([penalty(s) for s in found if keep(s["calls"]) and s["pdl"] == (flag == "pdl")])
-                for flag in ("pdl", "nopdl")
-            },
-        }
-    big = [p for p in pairs if p["calls"] >= PER_LAYER and p["n"] * p["k"] >= 4096 * 4096]
-    if big:
-        out["per_layer_weights_of_32_MB_and_more"] = {
-            "twin_pairs": len(big),
-            "alone_pdl_less_nopdl_us_q1_median_q3": quartiles([p["alone_pdl_less_nopdl_us"] for p in big]),
-            "step_pdl_less_nopdl_us_per_call_q1_median_q3": quartiles(
-                [p["step_pdl_less_nopdl_us_per_call"] for p in big]
-            ),
-        }
+    """The figures docs/perf.md quotes. Twin pairs of per-layer shapes by what comes before them in the step (one of
+    our GEMMs, whose PDL trigger lets a PDL launch start early as in the alone chain, or one of vLLM's ops, which
+    triggers nothing); among the latter, weights of 32 MB and more and the two 8B models' M = 16 cells. Then the
+    in-step penalty (`penalty`) of per-layer candidates after a vLLM op, PDL or not and by kind, where the run timed
+    cuBLAS in the step; and the once-a-step shapes apart (the heads: noisy per call)."""
+    per_layer = [p for p in pairs if p["calls"] >= PER_LAYER]
+    after_op = [p for p in per_layer if p["after"] == "op"]
+    out = {
+        "per_layer_all": _pairs_figures(per_layer),
+        "per_layer_after_our_gemm": _pairs_figures([p for p in per_layer if p["after"] == "gemm"]),
+        "per_layer_after_a_vllm_op": _pairs_figures(after_op),
+        "per_layer_after_a_vllm_op_weights_of_32_MB_and_more": _pairs_figures(
+            [p for p in after_op if p["n"] * p["k"] >= 4096 * 4096]
+        ),
+        "the_8b_models_m16_after_a_vllm_op": _pairs_figures(
+            [p for p in after_op if p["m"] == 16 and re.search(r"-(llama-3\.1-8b|qwen3-8b)-tp1", p["run"])]
+        ),
+        "once_a_step": _pairs_figures([p for p in pairs if p["calls"] < PER_LAYER]),
+    }
+    timed = [s for s in found if s["cublas_step_us"] and s["calls"] >= PER_LAYER and s["after"] == "op"]
+    out["penalty_us_q1_median_q3_per_layer_after_a_vllm_op"] = {
+        f"{family} {flag}": [len(vs), quartiles(vs)]
+        for family in ("all", "ring", "walk", "other")
+        for flag in ("pdl", "nopdl")
+        if (
+            vs := [
+                penalty(s)
+                for s in timed
+                if s["pdl"] == (flag == "pdl") and family in ("all", kind_family(s["variant"]))
+            ]
+        )
+    }
     return out
+
+
+def kind_family(name: str) -> str:
+    """ "ring" (the mma ring, ``_r``), "walk" (a persistent walk, ``_p<n>``) or "other", from a variant's name."""
+    if re.search(r"_r(_|$)", name):
+        return "ring"
+    return "walk" if re.search(r"_p\d+(_|$)", name) else "other"
 
 
 def main(argv=None) -> int:

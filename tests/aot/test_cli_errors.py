@@ -92,11 +92,14 @@ def test_a_missing_dependency_is_one_line(verb, blocked, line):
     assert (res.returncode, res.stderr.strip()) == (2, line), res.stdout + res.stderr
 
 
-def test_a_missing_module_of_our_own_is_not_hidden(monkeypatch):
-    """Only the declared dependencies get the one line: anything else missing is a defect and keeps its traceback."""
+@pytest.mark.parametrize("missing", ["skinny_gemm.gone", "torch._no_such_submodule"])
+def test_a_missing_module_of_our_own_is_not_hidden(monkeypatch, missing):
+    """Only a declared dependency missing as a whole gets the one line: a module of ours, or a submodule of an
+    installed dependency (a broken install or another version, where "not installed" would mislead), keeps its
+    traceback."""
 
     def broken(args):
-        raise ModuleNotFoundError("No module named 'skinny_gemm.gone'", name="skinny_gemm.gone")
+        raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
 
     monkeypatch.setattr(cli, "cmd_env", broken)
     with pytest.raises(ModuleNotFoundError):

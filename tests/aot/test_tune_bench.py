@@ -341,35 +341,93 @@ def test_isolated_winners_rank_correct_fast_candidates():
     assert isolated_winners(row) == ["fast", "mid"]
 
 
-def test_the_step_times_a_winners_no_pdl_twin_whatever_its_alone_speedup():
-    """The alone chain flatters PDL (docs/experiments/pdl_alone_bias.py), so a winner's no-PDL twin under the floor
-    alone is still timed in the step beside it; candidates that are no winner's variant, or are wrong, are not."""
-    plan = json.loads((PACKAGE_ROOT / "kernels" / "plans" / "sm_90a.json").read_text())
-    pdl = [KernelConfig.from_json(e["config"]) for e in plan["entries"] if (e["n"], e["k"], e["m"]) == (4096, 4096, 16)]
-    (a,) = pdl
-    assert a.pdl, "the committed 4096x4096 M = 16 pick launches with PDL"
+# a 4096x4096 M = 16 mma ring with PDL (the committed pick of 2026-12-04) and variants of it
+RING = KernelConfig.from_json(
+    {
+        "kind": "mma",
+        "m": 16,
+        "threads": 256,
+        "k_threads": 128,
+        "cols": 16,
+        "vec": 8,
+        "unroll": 1,
+        "static_k": 0,
+        "pdl": True,
+        "prefetch": False,
+        "stages": 8,
+        "early": False,
+        "fetch": 128,
+        "split": 1,
+        "persist": 0,
+        "slices": 1,
+        "ring": True,
+    }
+)
+
+
+def _twin_row():
+    """A cell whose PDL winner's no-PDL twin is under the floor alone, beside candidates the step must not time."""
+    a, b = RING, dataclasses.replace(RING, stages=4)
     a_twin = decode_phase.twin(a)
-    b = dataclasses.replace(a, stages=4)
     other = dataclasses.replace(a_twin, stages=2)
 
     def timed(cfg, us, bad=0):
         return cfg.name, {"bad_elements": bad, "us": us, "config": cfg.to_json()}
 
     row = {
+        "n": 4096,
+        "k": 4096,
+        "m": 16,
         "cublas_us": 14.0,
         "candidates": dict(
             [
                 timed(a, 10.0),  # 1.40x
                 timed(b, 11.0),  # 1.27x
                 timed(a_twin, 13.6),  # 1.03x alone: under MIN_SPEEDUP, yet the PDL winner's twin
-                timed(other, 13.5),  # 1.04x and no winner's variant
+                timed(other, 13.5),  # 1.04x, without PDL, and no winner's twin
                 timed(decode_phase.twin(b), 9.0, bad=2),  # b's twin, but wrong
             ]
         ),
     }
-    assert MIN_SPEEDUP > 14.0 / 13.6
+    assert MIN_SPEEDUP > 14.0 / 13.6 and a.pdl and not a_twin.pdl
+    return row, a, b, a_twin, other
+
+
+def test_the_step_times_a_winners_no_pdl_twin_whatever_its_alone_speedup():
+    """The alone chain flatters PDL (docs/experiments/pdl_alone_bias.py), so a winner's no-PDL twin under the floor
+    alone is still timed in the step beside it; candidates that are no winner's twin, or are wrong, are not."""
+    row, a, b, a_twin, _ = _twin_row()
     assert decode_phase.entry_choices(row, top=2) == [a.name, b.name, a_twin.name]
     assert decode_phase.entry_choices(row, top=1) == [a.name, a_twin.name]
+    # a PDL sibling of b under the floor (``early``: the same no-PDL twin) is flattered alone too: not timed
+    sibling = dataclasses.replace(b, early=True)
+    assert decode_phase.twin(sibling) == decode_phase.twin(b) and sibling.name != b.name
+    row["candidates"][sibling.name] = {"bad_elements": 0, "us": 13.7, "config": sibling.to_json()}
+    row["candidates"][decode_phase.twin(b).name]["bad_elements"] = 0  # b's twin now exact (and a winner: 1.56x)
+    assert decode_phase.entry_choices(row, top=2) == [decode_phase.twin(b).name, a.name, b.name, a_twin.name]
+
+
+@pytest.mark.parametrize("chosen", ["twin", "other"])
+def test_tune_write_plans_a_confirmed_twin_under_the_floor(tmp_path, chosen):
+    """A twin the step chose and the confirm step kept is planned, with its own (lower) alone speedup and
+    `chosen_in`; a candidate under the floor that is no winner's twin is not: the cell takes the alone-fastest."""
+    row, a, _, a_twin, other = _twin_row()
+    pick = {"twin": a_twin, "other": other}[chosen]
+    row["decode"] = {
+        "chosen": pick.name,
+        "step_us": {a.name: {"1": 1000.0}, pick.name: {"1": 990.0}, "cublas": {"1": 1010.0}},
+        "confirm": {"kept": True, "step_us": {"decode": {"1": 990.0}, "alone": {"1": 1000.0}}},
+    }
+    src = tmp_path / "results.json"
+    src.write_text(json.dumps({"arch": "sm_90a", "gpu": "g", "date": "d", "method": "m", "cells": [row]}))
+    write_plan(src, out=tmp_path / "plan.json")
+    header, (entry,) = plans.load(tmp_path / "plan.json")
+    if chosen == "twin":
+        assert entry.config == a_twin and entry.provenance["chosen_in"] == "decode step"
+        assert entry.provenance["speedup"] == round(14.0 / 13.6, 3)
+        assert "near-ties the served decode step chose and confirmed: 1" in header["source"]
+    else:
+        assert entry.config == a and "chosen_in" not in entry.provenance
 
 
 def test_decode_steps_follow_the_seed_set(tmp_path):
