@@ -26,7 +26,15 @@ from __future__ import annotations
 from ..kernels.config import ConfigError, KernelConfig
 from ..runtime import modelfile
 from ..runtime.jsonfile import InputError
-from .results import CUBLAS, MIN_SPEEDUP, confirmed, fallback_pick, isolated_winners, twin_of_a_winner
+from .results import (
+    CUBLAS,
+    MIN_SPEEDUP,
+    candidate_config,
+    confirmed,
+    fallback_pick,
+    isolated_winners,
+    twin_of_a_winner,
+)
 
 # Per cell, how many of the fastest isolated winners are re-timed inside the decode step
 # (each with its no-PDL twin: `entry_choices`).
@@ -128,13 +136,10 @@ def entry_choices(row: dict, top: int, min_speedup: float = MIN_SPEEDUP) -> list
     confirms it)."""
     winners = isolated_winners(row, min_speedup)
     timed = isolated_winners(row, min_speedup=0.0)  # every exact, timed candidate, fastest first
-    configs = {name: row["candidates"][name].get("config") or {} for name in timed}
 
     def base(name):
-        try:
-            return twin(KernelConfig.from_json(configs[name]))
-        except ConfigError:  # a result row without a whole config (synthetic): its own base
-            return name
+        cfg = candidate_config(row, name)
+        return name if cfg is None else twin(cfg)  # a result row without a whole config (synthetic): its own base
 
     bases = []
     for name in winners:

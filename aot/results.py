@@ -74,7 +74,8 @@ def isolated_winners(row: dict, min_speedup: float = MIN_SPEEDUP) -> list[str]:
     return [name for us, name in sorted(timed) if row["cublas_us"] / us >= min_speedup]
 
 
-def _config(row: dict, name: str) -> KernelConfig | None:
+def candidate_config(row: dict, name: str) -> KernelConfig | None:
+    """The config of candidate ``name`` of a results row, or None where the row has no whole config (synthetic)."""
     try:
         return KernelConfig.from_json(row["candidates"][name].get("config") or {})
     except ConfigError:  # a synthetic result row without a whole config
@@ -89,11 +90,11 @@ def twin_of_a_winner(row: dict, name: str, min_speedup: float) -> bool:
     projection allows (docs/perf.md, "PDL: alone against in the step": PDL took a median 1.06 us a call off the alone
     time and added 0.29 us in the step behind vLLM's ops, over the committed runs' 494 twin pairs there)."""
     cand = row["candidates"].get(name)
-    cfg = _config(row, name) if cand and cand["bad_elements"] == 0 and cand["us"] else None
+    cfg = candidate_config(row, name) if cand and cand["bad_elements"] == 0 and cand["us"] else None
     if cfg is None or cfg.pdl:
         return False
     return any(
-        (w := _config(row, winner)) is not None and w.pdl and w.without_pdl() == cfg
+        (w := candidate_config(row, winner)) is not None and w.pdl and w.without_pdl() == cfg
         for winner in isolated_winners(row, min_speedup)
     )
 

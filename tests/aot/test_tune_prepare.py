@@ -190,34 +190,14 @@ def test_from_results_adds_each_cells_fastest_exact_candidates(compiled, tmp_pat
     ranked = [nm for nm in ranked if nm != wrong]
     results = tmp_path / "r.json"
     results.write_text(json.dumps(data))
-    line = prepare(
-        "sm_90a",
-        None,
-        tmp_path / "out",
-        ms=[8],
-        model="llama-3.1-8b",
-        tps=[1],
-        from_results=[results],
-        best=2,
-        twins=False,
-    )
+    llama = {"ms": [8], "model": "llama-3.1-8b", "tps": [1], "from_results": [results], "best": 2, "twins": False}
+    line = prepare("sm_90a", None, tmp_path / "out", **llama)
     got = {(r["n"], r["k"], r["m"]): r["candidates"] for r in _spec(tmp_path / "out")["cells"]}
     want = [row["candidates"][nm]["config"] for nm in ranked[:2]]
     assert [KernelConfig.from_json(c) for c in got[(28672, 4096, 8)]] == [KernelConfig.from_json(c) for c in want]
     assert all(len(v) <= 2 for v in got.values()) and "built" in line
     # beside --from-plans: the plan's config first, a results config it already holds not repeated
-    prepare(
-        "sm_90a",
-        None,
-        tmp_path / "both",
-        ms=[8],
-        model="llama-3.1-8b",
-        tps=[1],
-        from_results=[results],
-        best=2,
-        from_plans=[plans.plan_path("sm_90a")],
-        twins=False,
-    )
+    prepare("sm_90a", None, tmp_path / "both", **llama, from_plans=[plans.plan_path("sm_90a")])
     both = {(r["n"], r["k"], r["m"]): r["candidates"] for r in _spec(tmp_path / "both")["cells"]}
     from_runs = [KernelConfig.from_json(c) for c in want]
     assert [KernelConfig.from_json(c) for c in both[(28672, 4096, 8)]] == [planned] + [
